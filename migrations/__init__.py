@@ -1,0 +1,23 @@
+"""Alembic migrations for the ledger, applied on first use and by ``orch db upgrade``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HEAD = "0001"  # the newest revision in versions/; the ledger upgrades when the database is behind
+
+
+def config(engine=None):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(HERE))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def upgrade(engine, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(config(engine), revision)

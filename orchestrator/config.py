@@ -1,0 +1,111 @@
+"""Settings: flags beat environment variables, which beat ``$ORCH_HOME/config.toml``.
+
+config.toml, all keys optional::
+
+    default_provider = "local"
+    ssh_timeout_minutes = 20
+
+    [policy]              # defaults for the reaper and the watchdog
+    idle_minutes = 10
+    on_idle = "auto"      # auto | stop | destroy
+    max_hours = 0         # 0: no deadline
+
+    [providers.local]
+    price_per_hour = 0.0
+    stopped_price_per_hour = 0.0
+
+    [providers.runpod]
+    api_key = "..."       # or RUNPOD_API_KEY
+
+Nothing secret from here is ever written to the ledger or a log.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import UsageError
+
+
+def home() -> Path:
+    return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser()
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {p}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{p} is not valid TOML: {e}") from None
+    _check(data, p)
+    return data
+
+
+_SECTIONS = {"policy": dict, "providers": dict}
+_TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
+        "database_url": str, "spot_margin": (int, float)}
+
+
+def _check(data: dict, path: Path) -> None:
+    for key, value in data.items():
+        want = _SECTIONS.get(key) or _TOP.get(key)
+        if want is None:
+            raise UsageError(f"{path}: unknown setting {key!r}")
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise UsageError(f"{path}: {key} has the wrong type ({type(value).__name__})")
+    for name, section in data.get("providers", {}).items():
+        if not isinstance(section, dict):
+            raise UsageError(f"{path}: [providers.{name}] must be a table")
+    policy = data.get("policy", {})
+    for key, value in policy.items():
+        if key not in ("idle_minutes", "on_idle", "max_hours", "rebuild_cost"):
+            raise UsageError(f"{path}: unknown policy setting {key!r}")
+        if key == "on_idle":
+            if value not in ("auto", "stop", "destroy"):
+                raise UsageError(f"{path}: policy.on_idle must be auto, stop or destroy")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"{path}: policy.{key} must be a number >= 0")
+
+
+def load() -> dict[str, Any]:
+    return _load(str(home() / "config.toml"))
+
+
+def get(key: str, default: Any = None) -> Any:
+    return load().get(key, default)
+
+
+def policy(key: str, default: Any) -> Any:
+    return load().get("policy", {}).get(key, default)
+
+
+def provider_settings(name: str) -> dict[str, Any]:
+    return dict(load().get("providers", {}).get(name, {}))
+
+
+def key_path() -> Path:
+    return home() / "keys" / "id_ed25519"
+
+
+def ssh_key() -> tuple[Path, str]:
+    """orch's own client key (created 0600 on first use) and its public half."""
+    key = key_path()
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch", "-f", str(key)],
+                       check=True)
+        os.chmod(key, 0o600)
+    return key, (key.parent / "id_ed25519.pub").read_text().strip()

@@ -1,0 +1,285 @@
+"""The ledger: every instance orch ever asked for, every state it went through, what it cost.
+
+SQLite at ``$ORCH_HOME/ledger.db`` by default (WAL, 30 s busy timeout, mode 0600), or any
+SQLAlchemy URL in ``ORCH_DATABASE_URL`` (PostgreSQL for a team). The schema is owned by the
+Alembic migrations in ``migrations/``; these models must match them (a test checks).
+
+Every state change is a compare-and-set on the current state plus an append-only event, in
+one transaction, so two orch processes can never both move the same instance.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from sqlalchemy import Column, Text, event, text, update
+from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from orchestrator import states
+from orchestrator.errors import IllegalTransition, UsageError
+from migrations import HEAD
+
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    return secrets.token_hex(6)
+
+
+class Instance(SQLModel, table=True):
+    __tablename__ = "instances"
+
+    id: str = Field(primary_key=True, max_length=12)
+    name: str = Field(index=True, max_length=64)
+    provider: str = Field(max_length=32)
+    provider_id: Optional[str] = Field(default=None, index=True, max_length=128)
+    label: str = Field(max_length=128)
+    state: str = Field(index=True, max_length=16)
+    # the request
+    gpu: Optional[str] = Field(default=None, max_length=64)
+    gpus: int = 0
+    cpu_only: bool = False
+    disk_gb: int = 0
+    image: Optional[str] = Field(default=None, max_length=256)
+    spot: bool = False
+    bid: Optional[float] = None
+    # what the provider gave and what it costs (the price paid at launch, never today's)
+    gpu_name: Optional[str] = Field(default=None, max_length=128)
+    price_hr: float = 0.0
+    stopped_price_hr: float = 0.0
+    ssh_host: Optional[str] = Field(default=None, max_length=255)
+    ssh_port: Optional[int] = None
+    ssh_user: Optional[str] = Field(default=None, max_length=64)
+    host_key: Optional[str] = Field(default=None, sa_column=Column(Text))
+    device: Optional[str] = Field(default=None, max_length=255)  # what verify ran its matmul on
+    protected: bool = False
+    policy: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: idle/max-hours/...
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+
+
+class Event(SQLModel, table=True):
+    __tablename__ = "events"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    instance_id: str = Field(foreign_key="instances.id", index=True, max_length=12)
+    from_state: Optional[str] = Field(default=None, max_length=16)
+    to_state: str = Field(max_length=16)
+    reason: str = Field(default="", sa_column=Column(Text))
+    actor: str = Field(default="cli", max_length=32)
+    at: datetime = Field(default_factory=now, index=True)
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    instance_id: str = Field(foreign_key="instances.id", index=True, max_length=12)
+    model: str = Field(max_length=64)
+    data: str = Field(sa_column=Column(Text))  # where the dataset came from (no secrets)
+    data_bytes: Optional[int] = None
+    epochs: int = 0
+    run_dir: Optional[str] = Field(default=None, sa_column=Column(Text))
+    pid: Optional[int] = None
+    args: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON of train keys
+    state: str = Field(default="starting", max_length=16)  # starting/running/completed/failed/crashed
+    gpu_name: Optional[str] = Field(default=None, max_length=128)
+    mean_epoch_seconds: Optional[float] = None
+    peak_vram_gb: Optional[float] = None
+    completed_epochs: Optional[int] = None
+    best_metric: Optional[float] = None
+    started_at: datetime = Field(default_factory=now)
+    ended_at: Optional[datetime] = None
+    pulled_at: Optional[datetime] = None
+
+
+class Meta(SQLModel, table=True):
+    __tablename__ = "meta"
+
+    key: str = Field(primary_key=True, max_length=64)
+    value: str = Field(default="", sa_column=Column(Text))
+
+
+def database_url(home: Path) -> str:
+    return os.environ.get("ORCH_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}"
+
+
+class Ledger:
+    def __init__(self, url: str, upgrade: bool = True):
+        self.url = url
+        self.sqlite = url.startswith("sqlite")
+        if self.sqlite:
+            path = url.split("///", 1)[1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # Created 0600 before SQLite touches it: the ledger says where every machine is.
+                os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+                os.chmod(path, 0o600)
+            self.engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None})
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        if upgrade:
+            self.ensure_schema()
+
+    # -- schema ------------------------------------------------------------------------
+    def revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            try:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except Exception:
+                return None
+
+    def ensure_schema(self) -> None:
+        """Apply migrations when the database is behind; a cheap read when it is not."""
+        if self.revision() != HEAD:
+            self.upgrade()
+
+    def upgrade(self) -> None:
+        from migrations import upgrade
+
+        upgrade(self.engine)
+
+    def session(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # -- instances ---------------------------------------------------------------------
+    def create_instance(self, actor: str = "cli", reason: str = "requested", **fields: Any) -> Instance:
+        inst = Instance(id=new_id(), state=states.REQUESTED, **fields)
+        from orchestrator.provider import label_for
+
+        inst.label = label_for(inst.id, inst.name)
+        with self.session() as s:
+            live = s.exec(select(Instance).where(Instance.name == inst.name,
+                                                 Instance.state.in_(states.LIVE))).first()
+            if live:
+                raise UsageError(f"an instance named {inst.name!r} already exists ({live.state})")
+            s.add(inst)
+            s.flush()
+            s.add(Event(instance_id=inst.id, from_state=None, to_state=inst.state, reason=reason, actor=actor))
+            s.commit()
+        return inst
+
+    def get(self, instance_id: str) -> Instance | None:
+        with self.session() as s:
+            return s.get(Instance, instance_id)
+
+    def by_name(self, name: str, live_only: bool = True) -> Instance | None:
+        with self.session() as s:
+            q = select(Instance).where(Instance.name == name)
+            if live_only:
+                q = q.where(Instance.state.in_(states.LIVE))
+            return s.exec(q.order_by(Instance.created_at.desc())).first()
+
+    def instances(self, live_only: bool = False, provider: str | None = None) -> list[Instance]:
+        with self.session() as s:
+            q = select(Instance)
+            if live_only:
+                q = q.where(Instance.state.in_(states.LIVE))
+            if provider:
+                q = q.where(Instance.provider == provider)
+            return list(s.exec(q.order_by(Instance.created_at)))
+
+    def update(self, instance_id: str, **fields: Any) -> Instance:
+        """Change facts about an instance (not its state: that is ``transition``)."""
+        assert "state" not in fields
+        with self.session() as s:
+            s.exec(update(Instance).where(Instance.id == instance_id).values(updated_at=now(), **fields))
+            s.commit()
+            return s.get(Instance, instance_id)
+
+    def transition(self, instance_id: str, to: str, reason: str = "", actor: str = "cli",
+                   expect: str | Iterable[str] | None = None, **fields: Any) -> Instance:
+        """Move an instance to ``to`` if it is (still) in an allowed state: compare-and-set."""
+        with self.session() as s:
+            inst = s.get(Instance, instance_id)
+            if inst is None:
+                raise IllegalTransition(f"no instance {instance_id}")
+            src = inst.state
+            if expect is not None:
+                wanted = {expect} if isinstance(expect, str) else set(expect)
+                if src not in wanted:
+                    raise IllegalTransition(f"{inst.name} is {src}, not {'/'.join(sorted(wanted))}")
+            if not states.allowed(src, to):
+                raise IllegalTransition(f"{inst.name}: {src} -> {to} is not allowed")
+            stamp = now()
+            done = s.exec(update(Instance).where(Instance.id == instance_id, Instance.state == src)
+                          .values(state=to, updated_at=stamp, **fields))
+            if done.rowcount != 1:
+                s.rollback()
+                raise IllegalTransition(f"{inst.name} changed state under us (was {src})")
+            s.add(Event(instance_id=instance_id, from_state=src, to_state=to, reason=reason, actor=actor, at=stamp))
+            s.commit()
+            inst = s.get(Instance, instance_id)
+        from orchestrator import plugins
+
+        plugins.broadcast(inst, {"from": src, "to": to, "reason": reason, "actor": actor, "at": stamp})
+        return inst
+
+    def note(self, instance_id: str, reason: str, actor: str = "cli") -> None:
+        """An event that records a decision without a state change."""
+        with self.session() as s:
+            inst = s.get(Instance, instance_id)
+            s.add(Event(instance_id=instance_id, from_state=inst.state, to_state=inst.state,
+                        reason=reason, actor=actor))
+            s.commit()
+
+    def events(self, instance_id: str | None = None) -> list[Event]:
+        with self.session() as s:
+            q = select(Event)
+            if instance_id:
+                q = q.where(Event.instance_id == instance_id)
+            return list(s.exec(q.order_by(Event.at, Event.id)))
+
+    # -- runs --------------------------------------------------------------------------
+    def add_run(self, **fields: Any) -> Run:
+        with self.session() as s:
+            run = Run(**fields)
+            s.add(run)
+            s.commit()
+            s.refresh(run)
+            return run
+
+    def update_run(self, run_id: int, **fields: Any) -> Run:
+        with self.session() as s:
+            s.exec(update(Run).where(Run.id == run_id).values(**fields))
+            s.commit()
+            return s.get(Run, run_id)
+
+    def latest_run(self, instance_id: str) -> Run | None:
+        with self.session() as s:
+            return s.exec(select(Run).where(Run.instance_id == instance_id)
+                          .order_by(Run.id.desc())).first()
+
+    def runs(self) -> list[Run]:
+        with self.session() as s:
+            return list(s.exec(select(Run).order_by(Run.id)))
+
+    # -- meta --------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        with self.session() as s:
+            row = s.get(Meta, key)
+            return row.value if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.session() as s:
+            row = s.get(Meta, key) or Meta(key=key)
+            row.value = value
+            s.add(row)
+            s.commit()
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()

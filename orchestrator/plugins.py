@@ -1,0 +1,52 @@
+"""Plugin manager: built-in and third-party providers arrive through one entry-point group."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+import pluggy
+
+from orchestrator import hookspecs
+from orchestrator.errors import UsageError
+
+ENTRY_POINT_GROUP = "orch.providers"
+
+_pm: pluggy.PluginManager | None = None
+
+
+def manager() -> pluggy.PluginManager:
+    global _pm
+    if _pm is None:
+        pm = pluggy.PluginManager("orch")
+        pm.add_hookspecs(hookspecs)
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if pm.get_plugin(ep.name) is not None:
+                continue
+            try:
+                pm.register(ep.load(), name=ep.name)
+            except Exception as e:  # one broken plugin must not take the CLI down with it
+                print(f"orch: plugin {ep.name!r} failed to load: {e}", file=sys.stderr)
+        _pm = pm
+    return _pm
+
+
+def providers() -> dict[str, type]:
+    found: dict[str, type] = {}
+
+    def register(cls):
+        found[cls.name] = cls
+
+    manager().hook.register_providers(register=register)
+    return found
+
+
+def provider_class(name: str) -> type:
+    known = providers()
+    if name not in known:
+        raise UsageError(f"unknown provider {name!r} (known: {', '.join(sorted(known))})")
+    return known[name]
+
+
+def broadcast(instance, event) -> None:
+    manager().hook.instance_event(instance=instance, event=event)

@@ -1,0 +1,105 @@
+"""SSH to an instance through Fabric, with its host key pinned.
+
+The first contact records the host key the instance shows (or the one its provider vouched
+for, as the local provider does); every later connection refuses any other key.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.errors import HostKeyMismatch, SSHError
+
+
+def _pkey(line: str):
+    import paramiko
+
+    kind, b64 = line.split()[:2]
+    return paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(b64))
+
+
+def host_id(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
+            on_first_key: Callable[[str], None] | None = None, timeout: float = 15.0):
+    """An open Fabric Connection. ``host_key`` None means trust-on-first-use via ``on_first_key``."""
+    import paramiko
+    from fabric import Config, Connection
+
+    cfg = Config(overrides={"run": {"in_stream": False, "hide": True, "warn": True},
+                            "load_ssh_configs": False})
+    conn = Connection(host, user=user, port=port, config=cfg, connect_timeout=timeout, connect_kwargs={
+        "key_filename": str(key), "look_for_keys": False, "allow_agent": False,
+        "banner_timeout": timeout, "auth_timeout": timeout,
+    })
+    client = conn.client
+    client._system_host_keys.clear()  # never the user's ~/.ssh/known_hosts: only the pinned key
+    client.get_host_keys().clear()
+    if host_key:
+        client.get_host_keys().add(host_id(host, port), host_key.split()[0], _pkey(host_key))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    else:
+        class Pin(paramiko.MissingHostKeyPolicy):
+            def missing_host_key(self, _client, _hostname, key):
+                if on_first_key:
+                    on_first_key(f"{key.get_name()} {key.get_base64()}")
+
+        client.set_missing_host_key_policy(Pin())
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.connect_kwargs["sock"] = sock
+        conn.open()
+    except paramiko.BadHostKeyException:
+        raise HostKeyMismatch(f"{host}:{port} presented a different host key than the one pinned at "
+                              "first contact: refusing (possible interception)") from None
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise HostKeyMismatch(f"{host}:{port} presented an unknown host key: refusing") from None
+        raise SSHError(f"SSH to {host}:{port} failed: {e}") from None
+    except OSError as e:
+        raise SSHError(f"cannot reach {host}:{port}: {e}") from None
+    return conn
+
+
+def home(conn) -> str:
+    """The instance's $HOME (SFTP starts elsewhere on some hosts, so remote paths are absolute)."""
+    cached = getattr(conn, "_orch_home", None)
+    if cached is None:
+        cached = run(conn, 'printf %s "$HOME"').strip()
+        conn._orch_home = cached
+    return cached
+
+
+def put_text(conn, text: str, path: str, mode: int = 0o600) -> str:
+    """Write a file on the instance over SFTP (never through a command line); returns its path."""
+    if not path.startswith("/"):
+        path = f"{home(conn)}/{path}"
+    run(conn, f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}")
+    sftp = conn.sftp()
+    with sftp.open(path, "w") as f:
+        f.write(text.encode())
+    sftp.chmod(path, mode)
+    return path
+
+
+def run(conn, command: str, check: bool = True, timeout: float | None = None, env: dict | None = None) -> str:
+    """Run a shell command; returns stdout. ``env`` values travel in a 0600 file over SFTP,
+    never on a command line (``ps`` on the instance shows command lines to every user)."""
+    if env:
+        import secrets
+
+        script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+        path = put_text(conn, script, f".orch/env.{secrets.token_hex(4)}")
+        command = f". {path}; rm -f {path}; {command}"
+    # Invoke feeds a non-tty stdin one byte per 10 ms: never send anything large that way.
+    result = conn.run(command, timeout=timeout, in_stream=False)
+    if check and not result.ok:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise SSHError(f"remote command failed ({result.exited}): {' | '.join(tail)}")
+    return result.stdout

@@ -1,0 +1,52 @@
+"""Run on the instance by the instance's Python: what torch and LibreYOLO it has, and whether they work.
+
+Standard library only at the top: torch may be missing or broken here.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+want_gpu = sys.argv[1] == "gpu"
+facts = {"python": sys.executable, "torch": None, "torchvision": None, "torch_cuda": None,
+         "cuda_ok": False, "libreyolo": None, "driver_cuda": None, "gpus": [], "error": None}
+
+smi = shutil.which("nvidia-smi")
+if smi:
+    try:
+        out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+        m = re.search(r"CUDA Version:\s*([0-9.]+)", out)
+        facts["driver_cuda"] = m.group(1) if m else None
+        names = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=30).stdout
+        facts["gpus"] = [n.strip() for n in names.splitlines() if n.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+try:
+    import torch
+
+    facts["torch"] = torch.__version__
+    facts["torch_cuda"] = torch.version.cuda
+    if want_gpu and torch.cuda.is_available():
+        # is_available() is True for a wheel built for another architecture: run a real kernel.
+        facts["cuda_ok"] = float((torch.ones(8, device="cuda") * 2).sum()) == 16.0
+except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
+    facts["error"] = f"{type(e).__name__}: {e}"
+try:
+    import torchvision
+
+    facts["torchvision"] = torchvision.__version__
+except Exception:  # noqa: BLE001
+    pass
+try:
+    from importlib.metadata import version
+
+    import libreyolo  # noqa: F401  (an import that fails means it must be (re)installed)
+
+    facts["libreyolo"] = version("libreyolo")
+except Exception as e:  # noqa: BLE001
+    facts["libreyolo_error"] = f"{type(e).__name__}: {e}"[:300]
+print("ORCH_PROBE " + json.dumps(facts))

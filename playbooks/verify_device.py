@@ -1,0 +1,29 @@
+"""The seed's proof that the device works: a real 2000x2000 matmul, not just is_available()."""
+import json
+import sys
+
+want_gpu = sys.argv[1] == "gpu"
+out = {"ok": False, "device": None, "result": None, "error": None, "kind": None}
+try:
+    import torch
+
+    if want_gpu:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"no CUDA device is available to torch {torch.__version__}")
+        dev = "cuda"
+        out["device"] = torch.cuda.get_device_name(0)
+        out["count"] = torch.cuda.device_count()
+    else:
+        dev = "cpu"
+        import platform
+
+        out["device"] = f"cpu ({platform.processor() or platform.machine()})"
+    x = torch.rand(2000, 2000, device=dev)
+    out["result"] = float((x @ x).sum())
+    out["ok"] = out["result"] > 0
+except Exception as e:  # noqa: BLE001
+    msg = f"{type(e).__name__}: {e}"
+    out["error"] = msg[:500]
+    if "no kernel image is available" in msg:
+        out["kind"] = "no-kernel-image"
+print("ORCH_VERIFY " + json.dumps(out))
