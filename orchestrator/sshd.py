@@ -55,12 +55,28 @@ def host_key(root: Path) -> str:
     return " ".join((root / "host_key.pub").read_text().split()[:2])
 
 
+SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/libexec/sftp-server")
+
+# sshd starts every session in the user's passwd home, which on the local provider is the
+# controller's own: a wrapper moves each session (sftp included) into the instance's home.
+SESSION = """#!/bin/sh
+cd "$HOME" || exit 1
+[ -z "$SSH_ORIGINAL_COMMAND" ] && exec "${SHELL:-/bin/sh}" -l
+exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"
+"""
+
+
 def write_config(root: Path, host: str, port: int, instance_id: str, env: dict[str, str] | None = None) -> Path:
     home = root / "home"
     home.mkdir(parents=True, exist_ok=True)
     (root / "authorized_keys").touch(mode=0o600, exist_ok=True)
     setenv = {"HOME": str(home), "ORCH_INSTANCE_ID": instance_id, **(env or {})}
     pairs = " ".join(f'{k}="{v}"' for k, v in setenv.items())
+    sftp = next((p for p in SFTP_SERVERS if os.access(p, os.X_OK)), None)
+    session = root / "session.sh"
+    session.write_text(SESSION)
+    session.chmod(0o755)
+    force = f"ForceCommand {session}\nSubsystem sftp {sftp}\n" if sftp else "Subsystem sftp internal-sftp\n"
     config = root / "sshd_config"
     config.write_text(
         f"Port {port}\n"
@@ -75,8 +91,8 @@ def write_config(root: Path, host: str, port: int, instance_id: str, env: dict[s
         "PermitRootLogin prohibit-password\n"
         "AllowTcpForwarding yes\n"
         "ClientAliveInterval 15\n"
-        "Subsystem sftp internal-sftp\n"
         f"SetEnv {pairs}\n"
+        + force
     )
     return config
 

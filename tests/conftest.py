@@ -1,0 +1,73 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET_ENV = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT")
+
+
+@pytest.fixture(autouse=True)
+def orch_home(tmp_path, monkeypatch):
+    """Every test gets its own ORCH_HOME (ledger, keys, local instances) and no cloud credentials."""
+    home = tmp_path / "orch"
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    if not os.environ.get("ORCH_TEST_DATABASE_URL"):
+        monkeypatch.delenv("ORCH_DATABASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("ORCH_DATABASE_URL", os.environ["ORCH_TEST_DATABASE_URL"])
+    for var in SECRET_ENV:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # never the developer's ~/.runpod or ~/.ssh
+    (tmp_path / "user").mkdir()
+    yield home
+    _cleanup_local(home)
+
+
+def _cleanup_local(home: Path) -> None:
+    """Whatever a failing test left running: no sshd or training outlives its test."""
+    from orchestrator import sshd
+
+    root = home / "local"
+    if root.exists():
+        for d in root.iterdir():
+            iid = d.name.split("-")[1] if d.name.count("-") >= 2 else None
+            if iid:
+                sshd.kill_instance(d, iid, timeout=2)
+
+
+def run_orch(*args, env=None, check=None, timeout=600, input=None):
+    """``orch`` as a user runs it: a separate process, its exit code, its stdout and stderr."""
+    full = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", *map(str, args)], capture_output=True,
+                          text=True, env=full, timeout=timeout, cwd=ROOT, input=input)
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"orch {' '.join(map(str, args))} exited {proc.returncode}, wanted {check}\n"
+                             f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def orch():
+    return run_orch
+
+
+@pytest.fixture
+def ledger(orch_home):
+    from orchestrator.lifecycle import Orch
+
+    return Orch.open().ledger
+
+
+def has_libreyolo() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("libreyolo") is not None and importlib.util.find_spec("torch") is not None
+    except Exception:
+        return False
+
+
+needs_torch = pytest.mark.skipif(not has_libreyolo(), reason="needs the local extra (torch + libreyolo)")

@@ -1,0 +1,206 @@
+"""The core promise: up -> ssh -> stop -> start -> down on real sshd instances, all in the ledger."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import needs_torch, run_orch
+from orchestrator import sshd, states
+from orchestrator.errors import IllegalTransition
+
+
+def live_dir(home, name):
+    dirs = [d for d in (home / "local").iterdir() if d.name.endswith(f"-{name}")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@needs_torch
+def test_local_lifecycle_end_to_end(orch_home):
+    up = run_orch("up", "box1", "--cpu", "--json", check=0)
+    inst = json.loads(up.stdout)
+    assert inst["state"] == "ready" and inst["provider"] == "local"
+    assert inst["device"].startswith("cpu") and "matmul sum" in inst["device"]
+    root = live_dir(orch_home, "box1")
+    iid = inst["id"]
+
+    assert run_orch("ssh", "box1", "--", "echo", "hello from", "$ORCH_INSTANCE_ID", check=0).stdout.strip() \
+        == f"hello from {iid}"
+    run_orch("ssh", "box1", "--", "echo kept > disk.txt; nohup sleep 600 >/dev/null 2>&1 </dev/null &", check=0)
+    assert sshd.instance_pids(iid), "the nohup'd job should be running on the instance"
+
+    assert "stopped" in run_orch("stop", "box1", check=0).stdout
+    assert not sshd.running(root)
+    assert sshd.instance_pids(iid) == [], "stop must end every process of the instance"
+    assert (root / "home" / "disk.txt").exists()
+    status = json.loads(run_orch("status", "--json", check=0).stdout)
+    assert [(i["name"], i["state"]) for i in status] == [("box1", "stopped")]
+
+    run_orch("start", "box1", check=0)
+    assert run_orch("ssh", "box1", "--", "cat", "disk.txt", check=0).stdout.strip() == "kept"
+
+    run_orch("down", "box1", check=0)
+    assert not root.exists()
+    assert sshd.instance_pids(iid) == []
+    assert json.loads(run_orch("status", "--json", check=0).stdout) == []
+    detail = json.loads(run_orch("status", "box1", "--json", check=0).stdout)
+    path = [e["to"] for e in detail["events"]]
+    assert path == ["requested", "provisioning", "ready", "stopping", "stopped", "starting", "ready",
+                    "destroying", "destroyed"]
+    assert {e["actor"] for e in detail["events"]} == {"cli"}
+
+
+@needs_torch
+def test_provision_twice_installs_nothing_and_verify_runs_on_cpu(orch_home):
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+    from playbooks.provision import provision, verify
+
+    orch = Orch.open(say=lambda m: None)
+    inst = orch.up("twice", "local", Request(name="twice", cpu=True))
+    with orch.connect(inst) as c:
+        first = provision(c, gpu=False)
+        second = provision(c, gpu=False)
+        proof = verify(c, gpu=False)
+    assert second["installed"] == [] and first["torch"] == second["torch"]
+    assert second["libreyolo"] and second["python"]
+    assert proof["device"].startswith("cpu") and proof["result"] > 0
+    orch.down(inst)
+
+
+@needs_torch
+def test_gpu_verify_failure_destroys_what_it_created(orch_home):
+    """A provider that claims a GPU the machine does not have: verify fails, nothing is left billing."""
+    from orchestrator import plugins
+    from orchestrator.errors import OrchError
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Capabilities, Request
+    from providers.local import LocalProvider
+
+    class ClaimsGPU(LocalProvider):
+        name = "claimsgpu"
+        gpus = ["Imaginary GPU"]
+        capabilities = Capabilities(stop=True, cpu_only=True, gpu=True)
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(ClaimsGPU)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        assert "claimsgpu" in plugins.providers(), "a provider registered through the hook is found"
+        orch = Orch.open(say=lambda m: None)
+        with pytest.raises(OrchError, match="verify failed on the GPU|no CUDA"):
+            orch.up("gpubox", "claimsgpu", Request(name="gpubox", gpu="Imaginary GPU"))
+        inst = orch.ledger.by_name("gpubox", live_only=False)
+        assert inst.state == states.DESTROYED
+        last = orch.ledger.events(inst.id)[-1]
+        assert "verify failed" in last.reason or "no CUDA" in last.reason
+        assert not (orch_home / "local" / inst.label).exists()
+        assert sshd.instance_pids(inst.id) == []
+    finally:
+        plugins.manager().unregister(plugin)
+
+
+def test_state_machine_refuses_illegal_and_racing_transitions(ledger):
+    inst = ledger.create_instance(name="sm", provider="local", label="")
+    with pytest.raises(IllegalTransition):
+        ledger.transition(inst.id, states.READY)  # requested -> ready skips provisioning
+    ledger.transition(inst.id, states.PROVISIONING, expect=states.REQUESTED)
+    with pytest.raises(IllegalTransition):  # a second process that also saw "requested" loses
+        ledger.transition(inst.id, states.PROVISIONING, expect=states.REQUESTED)
+    ledger.transition(inst.id, states.DESTROYING)
+    ledger.transition(inst.id, states.DESTROYED)
+    for to in states.TRANSITIONS:
+        with pytest.raises(IllegalTransition):
+            ledger.transition(inst.id, to)
+    assert [e.to_state for e in ledger.events(inst.id)] == ["requested", "provisioning", "destroying", "destroyed"]
+    for src, nexts in states.TRANSITIONS.items():
+        assert all(n in states.TRANSITIONS for n in nexts), src
+
+
+def test_duplicate_live_name_is_refused(ledger):
+    from orchestrator.errors import UsageError
+
+    ledger.create_instance(name="dup", provider="local", label="")
+    with pytest.raises(UsageError, match="already exists"):
+        ledger.create_instance(name="dup", provider="local", label="")
+
+
+def test_migrations_reach_head_and_match_the_models(tmp_path):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    from migrations import HEAD
+    from orchestrator.ledger import Ledger
+
+    led = Ledger(f"sqlite:///{tmp_path / 'empty.db'}")
+    assert led.revision() == HEAD
+    with led.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    assert diff == []
+    assert (tmp_path / "empty.db").stat().st_mode & 0o777 == 0o600
+    with sqlite3.connect(tmp_path / "empty.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_db_upgrade_command(orch_home):
+    out = run_orch("db", "upgrade", check=0)
+    assert "revision 0001" in out.stdout
+    assert (orch_home / "ledger.db").stat().st_mode & 0o777 == 0o600
+
+
+BAD = [
+    (["up", "x1", "--provider", "nosuch"], "unknown provider"),
+    (["up", "Bad_Name!"], "invalid name"),
+    (["up", "x2", "--cpu", "--disk", "-5"], "--disk"),
+    (["up", "x3", "--cpu", "--disk", "999999"], "--disk"),
+    (["up", "x4", "--gpus", "0"], "--gpus"),
+    (["up", "x5", "--gpu", "RTX 4090"], "GPU"),
+    (["up", "x6", "--cpu", "--gpu", "RTX 4090"], "exclude"),
+    (["stop", "nosuch"], "no live instance"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(orch_home, args, needle):
+    proc = run_orch(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (orch_home / "local").exists() or not any((orch_home / "local").iterdir())
+    assert json.loads(run_orch("status", "--all", "--json", check=0).stdout) == []
+
+
+def test_unreadable_config_is_a_clear_error(orch_home):
+    orch_home.mkdir(parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text("default_provider = [broken\n")
+    proc = run_orch("up", "x", "--cpu")
+    assert proc.returncode == 2 and "config.toml" in proc.stderr and "Traceback" not in proc.stderr
+    (orch_home / "config.toml").write_text('no_such_setting = 1\n')
+    proc = run_orch("status")
+    assert proc.returncode == 2 and "unknown setting" in proc.stderr
+
+
+def test_duplicate_live_name_from_the_cli(orch_home, ledger):
+    ledger.create_instance(name="taken", provider="local", label="")
+    proc = run_orch("up", "taken", "--cpu")
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["status"], ["status", "--json"]])
+def test_fast_commands_import_no_heavy_modules(orch_home, argv):
+    code = ("import sys; from orchestrator.cli import app\n"
+            f"try: app({argv!r}, standalone_mode=False)\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('runpod', 'vastai', 'torch', 'fabric', 'paramiko') if m in sys.modules]\n"
+            "print('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY []"
