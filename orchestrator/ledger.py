@@ -250,8 +250,9 @@ class Ledger:
 
     def update_run(self, run_id: int, **fields: Any) -> Run:
         with self.session() as s:
-            s.exec(update(Run).where(Run.id == run_id).values(**fields))
-            s.commit()
+            if fields:
+                s.exec(update(Run).where(Run.id == run_id).values(**fields))
+                s.commit()
             return s.get(Run, run_id)
 
     def latest_run(self, instance_id: str) -> Run | None:

@@ -80,3 +80,19 @@ def age(stamp: str | None) -> str:
         if secs >= size:
             return f"{secs / size:.0f}{unit}"
     return f"{max(secs, 0):.0f}s"
+
+
+RUN_FIELDS = ("id", "model", "data", "epochs", "state", "run_dir", "pid", "completed_epochs", "best_metric",
+              "mean_epoch_seconds", "gpu_name")
+
+
+def run_dict(run, view: dict | None = None) -> dict[str, Any]:
+    d = {f: getattr(run, f) for f in RUN_FIELDS}
+    d["started_at"], d["ended_at"], d["pulled_at"] = iso(run.started_at), iso(run.ended_at), iso(run.pulled_at)
+    if view:
+        from orchestrator.training import progress_line
+
+        d.update({k: view.get(k) for k in ("state", "epoch", "epochs", "eta_seconds", "loss", "best_metric",
+                                             "best_metric_name", "error")})
+        d["progress"] = progress_line(view)
+    return d

@@ -1,0 +1,55 @@
+"""Run on the instance (standard library only): the training run's state in a few hundred bytes.
+
+Prints one JSON line: status.json as LibreYOLO wrote it, whether the training process is alive,
+how long since status.json last moved, and the files worth pulling with their size and mtime.
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+run_dir, pid = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else None
+PULL = ("weights/best.pt", "weights/last.pt", "status.json", "metrics.jsonl", "train.log", "results.csv",
+        "summary.json", "train_config.yaml")
+
+
+def alive(p):
+    if not p:
+        return False
+    try:
+        with open(f"/proc/{p}/stat") as f:
+            if f.read().split(") ", 1)[1][0] == "Z":
+                return False
+        with open(f"/proc/{p}/cmdline", "rb") as f:
+            cmd = f.read()
+        return b"python" in cmd or b"libreyolo" in cmd
+    except OSError:
+        try:  # no /proc (not Linux): signal 0 at least says the pid exists
+            os.kill(p, 0)
+            return True
+        except OSError:
+            return False
+
+
+status = None
+try:
+    status = json.loads((run_dir / "status.json").read_text())
+except (OSError, ValueError):
+    pass
+pids = {pid, (status or {}).get("pid")} - {None}
+files = []
+for rel in PULL:
+    f = run_dir / rel
+    if f.is_file():
+        st = f.stat()
+        files.append([rel, st.st_size, st.st_mtime])
+for f in sorted((run_dir / "weights").glob("epoch_*.pt")) if (run_dir / "weights").is_dir() else []:
+    st = f.stat()
+    files.append([f"weights/{f.name}", st.st_size, st.st_mtime])
+try:
+    moved = time.time() - (run_dir / "status.json").stat().st_mtime
+except OSError:
+    moved = None
+print("ORCH_RUN " + json.dumps({"status": status, "alive": any(alive(p) for p in pids), "moved_s": moved,
+                                 "files": files, "exists": run_dir.is_dir()}))
