@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install orch for the local provider on this machine: OpenSSH's server (each local instance is a
+# real sshd), a virtual environment in .venv, torch for the CPU demo, and orch itself.
+#   scripts/install.sh          orch with the local provider (torch + LibreYOLO on this machine)
+#   scripts/install.sh --test   also every provider SDK, the test tools and PostgreSQL
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+test_deps=0
+[ "${1:-}" = "--test" ] && test_deps=1
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+packages=()
+[ -x /usr/sbin/sshd ] || packages+=(openssh-server)
+if [ $test_deps = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then packages+=(postgresql); fi
+if [ ${#packages[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null; then
+    echo "installing ${packages[*]} (apt)"
+    sudo_ apt-get update -qq
+    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  else
+    echo "please install: ${packages[*]}" >&2; exit 1
+  fi
+fi
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=".venv/bin/python -m pip --disable-pip-version-check -q"
+$pip install --upgrade pip >/dev/null
+# torch 2.14.1 + torchvision 0.29.1 is the pair LibreYOLO 1.6 imports with (2.13's torchvision fails).
+$pip install torch==2.14.1 torchvision==0.29.1
+if [ $test_deps = 1 ]; then $pip install -e '.[all]'; else $pip install -e '.[local]'; fi
+echo "orch installed: $(.venv/bin/orch --help >/dev/null && echo .venv/bin/orch)"
