@@ -63,13 +63,21 @@ def up(
     push_to: Optional[str] = typer.Option(None, help="Also upload milestones from the instance to hf://ORG/REPO."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run from its last.pt (this instance, or a new one)."),
     wait: bool = typer.Option(False, "--wait", help="Follow the training to the end with a live progress line."),
+    idle_minutes: Optional[float] = typer.Option(None, help="Stop/destroy after this long idle (default 10)."),
+    max_hours: Optional[float] = typer.Option(None, help="Hard deadline: stop/destroy after this many hours."),
+    on_idle: Optional[str] = typer.Option(None, help="auto (break-even decides), stop or destroy."),
+    rebuild_cost: Optional[float] = typer.Option(None, help="$ to rebuild this instance (for stop vs destroy)."),
+    cheapest: bool = typer.Option(False, "--cheapest", help="Launch the offer that is cheapest per job (or per hour)."),
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
     from orchestrator import config, training
     from orchestrator.provider import Request
 
-    provider = provider or config.get("default_provider", "local")
+    from orchestrator import policy as policies
+
+    policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
+                                 rebuild_cost=rebuild_cost)
     spec = None
     if data or resume:
         if not data:
@@ -94,13 +102,18 @@ def up(
             _say(f"      disk: {why}")
     request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
                       image=image, spot=spot, bid=bid, offer=offer)
+    if cheapest:
+        from orchestrator import offers
+
+        provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
+    provider = provider or config.get("default_provider", "local")
     holder = {}
 
     def start_training(inst):
         holder["run"] = training.launch(orch, inst, spec)
 
     inst = orch.up(name, provider, request, ssh_timeout=ssh_timeout * 60 if ssh_timeout else None,
-                   after_verify=start_training if spec else None)
+                   policy=policy, after_verify=start_training if spec else None)
     if spec is None:
         _summary(inst, as_json)
         return
@@ -429,6 +442,11 @@ def db_upgrade():
                     or database_url(config.home()), upgrade=False)
     ledger.upgrade()
     _console().print(f"ledger at revision {ledger.revision()}")
+
+
+# Commands that live beside the features they drive (each imports its heavy parts lazily).
+from orchestrator import cli_ops  # noqa: E402,F401  reap, reaper, cost, protect, unprotect
+from orchestrator import cli_offers  # noqa: E402,F401  offers, trial
 
 
 def main() -> None:

@@ -48,16 +48,18 @@ def _check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def push_dataset(folder: Path, repo_id: str, token: str | None = None, work_dir: Path | None = None) -> str:
+def push_dataset(
+    folder: Path, repo_id: str, token: str | None = None, work_dir: Path | None = None, doctor: bool = True
+) -> str:
     """Validate ``folder``, pack it as one tar and upload it to the (private) dataset repo; return its hf:// URI.
 
     ``work_dir`` holds the tar while it uploads (default: the system temp folder); it needs room for
-    one more copy of the dataset.
+    one more copy of the dataset. ``doctor`` as in dataset.validate.
     """
     _check_repo_id(repo_id)
-    info = dataset.validate(Path(folder))
+    hf = _hf()  # before validating, which can take a while on a big dataset
+    info = dataset.validate(Path(folder), doctor=doctor)
     api = _api(token)
-    hf = _hf()
     filename = f"{info.name}.tar"
     with tempfile.TemporaryDirectory(prefix="orch-pack-", dir=work_dir) as tmp:
         tar = dataset.pack(info, Path(tmp) / filename)

@@ -1,0 +1,1 @@
+"""offers, trial (being written)."""

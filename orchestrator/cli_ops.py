@@ -1,0 +1,1 @@
+"""reap, reaper, cost, protect, unprotect (being written)."""
