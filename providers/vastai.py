@@ -1,0 +1,473 @@
+"""Vast.ai through its ``vastai`` SDK (imported only when a verb runs).
+
+Settings (``[providers.vastai]`` in config.toml), all optional:
+``api_key`` (else ``VAST_API_KEY``, else the SDK's own key files), ``server_url`` (else ``VAST_URL``),
+``image``, ``ssh_user`` ("root"), ``max_price_hr`` (on-demand $/hr cap; the minimum bid for spot),
+``min_reliability`` (0.95), ``min_inet_down`` (200 Mbps), ``min_cuda`` (12.1), ``spot_margin``
+(0.05 over the live minimum bid), ``retries`` (5), ``http_timeout`` (30 s), ``poll_seconds`` (2),
+``stop_timeout`` / ``destroy_timeout`` (120 s), ``direct_ssh_grace`` (30 s before the SSH proxy
+is tried in place of a direct route that does not answer).
+
+Vast's traps, each handled here: failures arrive as HTTP 200 with ``success: false``; the SDK's
+``show_instances`` turns a failed listing into ``[]``; a create that answered an error may have
+rented (and bill) a machine anyway; a create without a bid silently rents on-demand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from dataclasses import replace
+from functools import cached_property
+from typing import Any, Callable
+
+from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.hookspecs import hookimpl
+from orchestrator.provider import (GONE, HOURS_PER_MONTH, PENDING, RUNNING, STOPPED, Capabilities, Endpoint,
+                                   Offer, Progress, Provider, Remote, Request, parse_label, stopped_rate,
+                                   tcp_open)
+from orchestrator.retry import retry
+
+DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
+# A Retry-After longer than this (a search quota resets at midnight UTC) is not waited out.
+MAX_WAIT = 30.0
+# Create errors meaning "this offer was taken meanwhile": the next cheapest one may do.
+OFFER_TAKEN = {"no_such_ask", "resources_unavailable"}
+MAX_OFFERS_TRIED = 3
+
+_STATES = {"running": RUNNING, None: PENDING, "created": PENDING, "loading": PENDING, "rebooting": PENDING,
+           "stopped": STOPPED, "exited": STOPPED, "frozen": STOPPED}
+
+
+class VastError(ProviderError):
+    """A refusal from Vast, with its machine-readable ``error`` code when it gave one."""
+
+    def __init__(self, message: str, code: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.code, self.status = code, status
+
+
+class Transient(VastError):
+    """Worth another try: 429, 5xx, a dropped connection. ``wait`` < 0 means "back off"."""
+
+    def __init__(self, message: str, wait: float = -1.0, **kw):
+        super().__init__(message, **kw)
+        self.wait = wait
+
+
+def vast_gpu_name(name: str) -> str:
+    """'NVIDIA GeForce RTX 4090', 'RTX_4090' or '4090' -> Vast's 'RTX 4090'."""
+    n = " ".join(name.replace("_", " ").split())
+    n = re.sub(r"^(nvidia\s+)?(geforce\s+)?", "", n, flags=re.I)
+    if re.fullmatch(r"\d{3,4}(\s+ti)?", n, flags=re.I):
+        n = ("GTX " if re.match(r"1\d{3}\b", n) else "RTX ") + n
+    n = re.sub(r"^(rtx|gtx)\b", lambda m: m[1].upper(), n, flags=re.I)
+    return re.sub(r"\bti$", "Ti", n, flags=re.I)
+
+
+class VastAIProvider(Provider):
+    name = "vastai"
+    capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
+                                self_destroy=True, volumes=False)
+
+    def __init__(self, settings: dict[str, Any] | None = None, home=None):
+        super().__init__(settings, home)
+        # Instances whose direct SSH route never answered, so their endpoint is Vast's proxy.
+        self._via_proxy: set[str] = set()
+
+    @property
+    def ssh_user(self) -> str:  # type: ignore[override]
+        return self.settings.get("ssh_user") or "root"
+
+    def _setting(self, key: str, default: float) -> float:
+        value = self.settings.get(key)
+        return float(default if value is None else value)
+
+    @cached_property
+    def _sdk(self):
+        from vastai import VastAI
+
+        key = self.settings.get("api_key") or os.environ.get("VAST_API_KEY") or None
+        # The SDK reads VAST_URL once, at import: pass it so import order does not matter.
+        url = self.settings.get("server_url") or os.environ.get("VAST_URL") or None
+        try:
+            # retry=1: one attempt per SDK call, so its retries never multiply with ours.
+            sdk = VastAI(api_key=key, server_url=url, retry=1, raw=True, quiet=True)
+        except RuntimeError:
+            raise AuthError("no Vast.ai API key: set api_key under [providers.vastai] in config.toml, "
+                            "or VAST_API_KEY, or run `vastai set api-key`") from None
+        sdk.client.timeout = self._setting("http_timeout", 30)
+        return sdk
+
+    # -- calling Vast ----------------------------------------------------------------------
+    def _once(self, fn: Callable[[], Any], what: str) -> Any:
+        """One SDK call, its failures turned into orch's errors and ``success: false`` checked."""
+        import requests
+
+        try:
+            answer = fn()
+        except requests.HTTPError as e:
+            raise _http_error(e.response, what) from None
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise Transient(f"cannot reach Vast.ai at {self._sdk.client.server_url} ({what}): {e}") from None
+        except (requests.JSONDecodeError, KeyError) as e:  # the SDK indexes answers without looking
+            raise VastError(f"Vast.ai answered {what} with something unexpected ({e!r})") from None
+        if isinstance(answer, dict) and answer.get("success") is False:
+            code, msg = answer.get("error"), answer.get("msg") or answer.get("message")
+            raise VastError(f"Vast.ai refused {what}: {msg or code or answer}", code=code)
+        return answer
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        return retry(lambda: self._once(fn, what), _delay_for, attempts=int(self._setting("retries", 5)),
+                     cap=MAX_WAIT)
+
+    # -- offers ----------------------------------------------------------------------------
+    def offers(self, request: Request) -> list[Offer]:
+        self.validate(request)
+        storage = float(request.disk_gb)
+        if request.offer:
+            try:
+                query = {"id": {"eq": int(request.offer)}, "rentable": {"eq": True}, "rented": {"eq": False}}
+            except ValueError:
+                raise UsageError(f"a Vast.ai offer id is a number, not {request.offer!r}") from None
+            rows = self._call(lambda: self._sdk.search_offers(query=query, no_default=True, storage=storage),
+                              "offer search")
+        else:
+            kind = "bid" if request.spot else "on-demand"
+            rows = self._call(lambda: self._sdk.search_offers(query=self._query(request), type=kind,
+                                                              order="dph_total", storage=storage),
+                              "offer search")
+        if not isinstance(rows, list):
+            raise VastError(f"Vast.ai offer search answered {type(rows).__name__}, not a list")
+        found = [_offer(row, storage) for row in rows]
+        found.sort(key=lambda o: (o.spot_hr if request.spot else o.price_hr) or 0.0)
+        return found
+
+    def _query(self, request: Request) -> dict:
+        """Filters as typed JSON: the SDK's query strings would send numbers as strings."""
+        q: dict[str, Any] = {
+            "verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True},
+            "rented": {"eq": False}, "num_gpus": {"eq": int(request.gpus)},
+            "disk_space": {"gte": float(request.disk_gb)},
+            "reliability": {"gte": self._setting("min_reliability", 0.95)},
+            "direct_port_count": {"gte": 1},
+            "inet_down": {"gte": self._setting("min_inet_down", 200)},
+            "cuda_max_good": {"gte": self._setting("min_cuda", 12.1)},
+        }
+        if request.gpu:
+            q["gpu_name"] = {"eq": vast_gpu_name(request.gpu)}
+        cap = self.settings.get("max_price_hr")
+        if cap is not None:
+            q["min_bid" if request.spot else "dph_total"] = {"lte": float(cap)}
+        return q
+
+    # -- the verbs -------------------------------------------------------------------------
+    def create(self, request: Request, label: str, public_key: str) -> Remote:
+        self.validate(request)
+        candidates = self.offers(request)
+        if not candidates:
+            what = f"offer {request.offer} is no longer available" if request.offer else \
+                f"no Vast.ai offer matches {request.gpus}x {request.gpu or 'any GPU'} with {request.disk_gb} GB disk"
+            raise NoCapacity(what)
+        instance_id = self._rent(candidates[:MAX_OFFERS_TRIED], request, label)
+        # Before anyone waits for SSH: the key is what lets orch in.
+        self._attach(instance_id, public_key)
+        return self.get(instance_id)
+
+    def _rent(self, candidates: list[Offer], request: Request, label: str) -> str:
+        """Rent one of the offers; after ANY error look for the label before trying again."""
+        image = request.image or self.settings.get("image") or DEFAULT_IMAGE
+        attempts, failures = int(self._setting("retries", 5)), 0
+        queue = list(candidates)
+        while queue:
+            offer = queue[0]
+            args: dict[str, Any] = dict(image=image, disk=float(request.disk_gb), env=dict(request.env),
+                                        label=label, ssh=True, direct=True)
+            if request.spot:
+                # Always explicit: a create without a bid rents on-demand and does not say so.
+                args["bid_price"] = self._bid(request, offer)
+            try:
+                answer = self._once(lambda: self._sdk.create_instance(int(offer.offer_id), **args), "create")
+                if not isinstance(answer, dict) or not answer.get("new_contract"):
+                    raise VastError(f"Vast.ai create answered without an instance id: {answer}")
+                return str(answer["new_contract"])
+            except AuthError:
+                raise
+            except ProviderError as e:
+                error = e
+            # A 502 (and the SDK's own re-send, 404 no_such_ask) can hide a machine that bills.
+            try:
+                found = self.find(label)
+            except ProviderError as e:
+                raise ProviderError(f"Vast.ai create of {label} failed ({error}), and the listing that would "
+                                    f"show whether it was created anyway failed too ({e}); check "
+                                    f"`vastai show instances` before retrying") from None
+            if found:
+                return found.provider_id
+            failures += 1
+            if failures >= attempts:
+                raise error
+            if getattr(error, "code", None) in OFFER_TAKEN:
+                queue.pop(0)
+            elif isinstance(error, Transient):
+                time.sleep(min(MAX_WAIT, error.wait if error.wait >= 0 else 0.5 * 2 ** (failures - 1)))
+            else:
+                raise error
+        raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again")
+
+    def _bid(self, request: Request, offer: Offer) -> float:
+        live = float(offer.raw["min_bid"])
+        if request.bid is not None:
+            if request.bid < live:
+                raise UsageError(f"bid {request.bid:.4f} $/h is below offer {offer.offer_id}'s live minimum "
+                                 f"{live:.4f} $/h: the instance would start outbid (stopped)")
+            return float(request.bid)
+        return round(live * (1 + self._setting("spot_margin", 0.05)), 4)
+
+    def _attach(self, instance_id: str, public_key: str) -> None:
+        try:
+            self._call(lambda: self._sdk.attach_ssh(int(instance_id), public_key.strip()), "SSH key attach")
+        except ProviderError as e:
+            # A machine nobody can log in to is only a bill: give it back.
+            try:
+                self.destroy(instance_id)
+            except ProviderError as e2:
+                raise ProviderError(f"attaching orch's SSH key to Vast.ai instance {instance_id} failed ({e}) "
+                                    f"and destroying it failed too ({e2}): it still bills; run "
+                                    f"`vastai destroy instance {instance_id} -y`") from None
+            raise ProviderError(f"attaching orch's SSH key to Vast.ai instance {instance_id} failed ({e}); "
+                                f"the instance was destroyed") from None
+
+    def get(self, provider_id: str) -> Remote:
+        row = self._call(lambda: self._sdk.show_instance(_vast_id(provider_id)), "instance lookup")
+        if row is None:
+            return Remote(provider_id=str(provider_id), label="", status=GONE)
+        if not isinstance(row, dict):
+            raise VastError(f"Vast.ai instance lookup answered {type(row).__name__}, not an instance")
+        return self._remote(row)
+
+    def list(self) -> list[Remote]:
+        """The v1 listing, every page, keys checked: a failed listing is never an empty fleet."""
+        params: dict[str, Any] = {"select_filters": {}, "order_by": [{"col": "id", "dir": "asc"}], "limit": 25}
+        remotes, seen = [], set()
+        while True:
+            page = self._call(lambda: self._sdk.show_instances_v1(dict(params)), "instance listing")
+            rows = page.get("instances") if isinstance(page, dict) else None
+            if not isinstance(rows, list):
+                raise VastError(f"Vast.ai instance listing answered without instances: {str(page)[:200]}")
+            remotes += [self._remote(r) for r in rows if isinstance(r, dict) and parse_label(r.get("label"))]
+            token = page.get("next_token")
+            if not token:
+                return [r for r in remotes if r.status != GONE]
+            if token in seen:
+                raise VastError(f"Vast.ai instance listing repeated its page token {token!r}")
+            seen.add(token)
+            params["after_token"] = token
+
+    def stop(self, provider_id: str) -> None:
+        self._call(lambda: self._sdk.stop_instance(_vast_id(provider_id)), f"stop of instance {provider_id}")
+        self._await(provider_id, {STOPPED, GONE}, self._setting("stop_timeout", 120), "stop")
+
+    def start(self, provider_id: str) -> Remote:
+        try:
+            self._call(lambda: self._sdk.start_instance(_vast_id(provider_id)), f"start of instance {provider_id}")
+        except VastError as e:
+            if e.code != "resources_unavailable":
+                raise
+            raise StartRefused(
+                f"Vast.ai cannot start instance {provider_id} now: its machine has no free GPU "
+                f"(resources_unavailable). Its disk is kept and still bills storage. Try the start again "
+                f"later, or destroy the instance (losing its disk) to stop paying.") from None
+        return self.get(provider_id)
+
+    def destroy(self, provider_id: str) -> None:
+        if self.get(provider_id).status == GONE:
+            return
+        try:
+            self._call(lambda: self._sdk.destroy_instance(_vast_id(provider_id)),
+                       f"destroy of instance {provider_id}")
+        except VastError as e:
+            # A destroy that raced another one: only a lookup says whether it is gone.
+            if self.get(provider_id).status != GONE:
+                raise e from None
+            return
+        self._await(provider_id, {GONE}, self._setting("destroy_timeout", 120), "destroy")
+
+    def _await(self, provider_id: str, wanted: set[str], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.get(provider_id).status
+            if status in wanted:
+                return
+            if time.monotonic() >= deadline:
+                raise ProviderError(f"Vast.ai accepted the {what} of instance {provider_id} but still shows it "
+                                    f"{status} after {timeout:.0f} s")
+            time.sleep(self._setting("poll_seconds", 2))
+
+    def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
+                 interval: float = 2.0) -> Remote:
+        """The direct route when it answers; Vast's proxy only once the direct one has had its chance."""
+        deadline = time.monotonic() + timeout
+        grace = self._setting("direct_ssh_grace", 30)
+        running_since, last = None, None
+        while True:
+            remote = self.get(provider_id)
+            if remote.status == GONE:
+                raise SSHError(f"Vast.ai instance {provider_id} disappeared while waiting for SSH")
+            if remote.status == RUNNING:
+                now = time.monotonic()
+                running_since = running_since or now
+                direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
+                if direct and tcp_open(direct):
+                    self._via_proxy.discard(provider_id)
+                    return replace(remote, endpoint=direct)
+                if proxy and (not direct or now - running_since >= grace) and tcp_open(proxy):
+                    self._via_proxy.add(provider_id)
+                    if progress:
+                        progress("the direct SSH route does not answer: using Vast.ai's SSH proxy")
+                    return replace(remote, endpoint=proxy)
+            note = f"waiting for SSH ({remote.status})"
+            if progress and note != last:
+                progress(note)
+                last = note
+            if time.monotonic() >= deadline:
+                raise SSHError(f"SSH on Vast.ai instance {provider_id} did not answer within {timeout:.0f} s")
+            time.sleep(interval)
+
+    def _remote(self, row: dict) -> Remote:
+        status = _STATES.get(row.get("actual_status"), PENDING)
+        provider_id = str(row["id"])
+        endpoint = None
+        if status == RUNNING:
+            direct, proxy = _direct(row, self.ssh_user), _proxy(row, self.ssh_user)
+            endpoint = proxy if (provider_id in self._via_proxy and proxy) or not direct else direct
+        disk, per_gb = row.get("disk_space"), row.get("storage_cost")
+        return Remote(
+            provider_id=provider_id, label=row.get("label") or "", status=status, endpoint=endpoint,
+            price_hr=row.get("dph_total"),
+            stopped_price_hr=stopped_rate(disk, per_gb) if disk is not None and per_gb is not None else None,
+            gpu_name=row.get("gpu_name"), gpus=int(row.get("num_gpus") or 0), spot=bool(row.get("is_bid")),
+            # The user's environment (tokens, perhaps) stays out of anything orch might record.
+            raw={k: v for k, v in row.items() if k not in ("extra_env", "onstart")},
+        )
+
+    # -- inside the instance ---------------------------------------------------------------
+    def remote_env(self, remote: Remote) -> dict[str, str]:
+        return {}  # Vast gives every container CONTAINER_ID and CONTAINER_API_KEY itself
+
+    def self_stop_command(self, destroy: bool) -> str:
+        """Shell that, run on the instance, stops (or destroys) it with the container's own key.
+
+        The key is read from the environment inside Python, never put on a command line. SSH
+        sessions on Vast do not see the container's variables, so PID 1's are the fallback.
+        (The CLI form, ``vastai destroy instance $CONTAINER_ID --api-key ...``, needs ``-y``:
+        without it, and with no terminal, it prints "Aborted." and destroys nothing.)
+        """
+        method, body = ("DELETE", "{}") if destroy else ("PUT", '{"state": "stopped"}')
+        code = _SELF_STOP.replace("@METHOD@", method).replace("@BODY@", body)
+        return f"python3 -c {shlex.quote(code)}"
+
+
+_SELF_STOP = """\
+import json, os, sys, time, urllib.error, urllib.request
+env = dict(os.environ)
+if not env.get("CONTAINER_API_KEY"):
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            for item in f.read().split(b"\\0"):
+                k, _, v = item.decode(errors="replace").partition("=")
+                env.setdefault(k, v)
+    except OSError:
+        pass
+iid, key = env.get("CONTAINER_ID"), env.get("CONTAINER_API_KEY")
+if not iid or not key:
+    sys.exit("orch: CONTAINER_ID or CONTAINER_API_KEY missing: cannot reach the Vast.ai API")
+url = env.get("VAST_URL", "https://console.vast.ai").rstrip("/") + "/api/v0/instances/%s/" % iid
+for attempt in range(6):
+    req = urllib.request.Request(url, data=json.dumps(@BODY@).encode(), method="@METHOD@",
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.load(r)
+        if answer.get("success") is False:
+            sys.exit("orch: Vast.ai refused: %s" % answer)
+        sys.exit(0)
+    except urllib.error.HTTPError as e:
+        if e.code != 429 and e.code < 500:
+            sys.exit("orch: Vast.ai answered HTTP %d" % e.code)
+    except (OSError, ValueError):
+        pass
+    time.sleep(2 ** attempt)
+sys.exit("orch: Vast.ai did not answer")
+"""
+
+
+def _delay_for(exc: BaseException) -> float | None:
+    return exc.wait if isinstance(exc, Transient) else None
+
+
+def _http_error(r, what: str) -> VastError:
+    status = r.status_code
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    body = body if isinstance(body, dict) else {}
+    code = body.get("error")
+    detail = body.get("msg") or body.get("message") or code or r.text.strip()[:200]
+    if status in (401, 403):
+        return AuthError(f"Vast.ai rejected the API key ({what}: HTTP {status}: {detail}); check api_key "
+                         f"under [providers.vastai] or VAST_API_KEY")
+    if status == 429:
+        try:
+            wait = float(r.headers["Retry-After"])
+        except (KeyError, TypeError, ValueError):
+            wait = -1.0
+        if wait > MAX_WAIT or (code == "search_quota_exceeded" and wait < 0):
+            return VastError(f"Vast.ai rate limit on {what} ({detail}); try again later", code=code, status=429)
+        return Transient(f"Vast.ai rate limit on {what} (HTTP 429: {detail})", wait=wait, code=code, status=429)
+    if status >= 500:
+        return Transient(f"Vast.ai server error on {what} (HTTP {status}: {detail})", code=code, status=status)
+    return VastError(f"Vast.ai refused {what} (HTTP {status}: {detail})", code=code, status=status)
+
+
+def _vast_id(provider_id: str) -> int:
+    try:
+        return int(provider_id)
+    except (TypeError, ValueError):
+        raise ProviderError(f"{provider_id!r} is not a Vast.ai instance id") from None
+
+
+def _offer(row: dict, disk_gb: float) -> Offer:
+    per_gb = row.get("storage_cost")
+    disk_hr = (per_gb or 0.0) * disk_gb / HOURS_PER_MONTH
+    min_bid = row.get("min_bid")
+    return Offer(
+        provider="vastai", offer_id=str(row["id"]), gpu_name=row.get("gpu_name") or "?",
+        gpus=int(row.get("num_gpus") or 0), vram_gb=round((row.get("gpu_ram") or 0) / 1024, 1),
+        price_hr=row.get("dph_total"),
+        # min_bid leaves the disk out; dph_total has it (for the allocated storage asked).
+        spot_hr=round(min_bid + disk_hr, 6) if min_bid is not None else None,
+        disk_gb_month=per_gb, reliability=row.get("reliability"), location=row.get("geolocation"), raw=row,
+    )
+
+
+def _direct(row: dict, user: str) -> Endpoint | None:
+    ip = (row.get("public_ipaddr") or "").strip()
+    try:
+        port = int(((row.get("ports") or {}).get("22/tcp") or [{}])[0]["HostPort"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return Endpoint(ip, port, user) if ip else None
+
+
+def _proxy(row: dict, user: str) -> Endpoint | None:
+    host, port = (row.get("ssh_host") or "").strip(), row.get("ssh_port")
+    return Endpoint(host, int(port), user) if host and port else None
+
+
+@hookimpl
+def register_providers(register):
+    register(VastAIProvider)
