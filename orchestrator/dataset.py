@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tarfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -49,8 +49,8 @@ class DatasetInfo:
     n_images: dict[str, int]  # per split: train, val and, when given, test
     n_labels: int  # label lines (objects) over all splits
     bytes: int  # total size of the files pack() puts in the tar (the rewritten yaml aside)
-    files: tuple[Path, ...]  # images, label files and image lists, absolute, sorted
-    splits: dict[str, list[Path]]  # each split's entries, resolved
+    files: tuple[Path, ...] = field(repr=False)  # images, label files and image lists, absolute, sorted
+    splits: dict[str, list[Path]] = field(repr=False)  # each split's entries, resolved
 
     @property
     def name(self) -> str:
@@ -331,9 +331,11 @@ def _packed_yaml(info: DatasetInfo) -> bytes:
     return (json.dumps(config, indent=2) + "\n").encode()
 
 
-# Runs on the instance with whatever python it has: standard library only.
+# Runs on the instance with whatever python it has: standard library only. It also takes a tar made
+# by hand as the seed shows (``tar cf my-dataset.tar my-dataset/``): dir entries, "./" prefixes, and
+# a data.yaml in block YAML, whose top-level ``path:`` line is replaced rather than parsed.
 _EXTRACT_SOURCE = r'''
-import json, os, tarfile
+import json, os, re, tarfile
 from pathlib import Path
 
 
@@ -344,10 +346,11 @@ def orch_extract(tar_path, dest):
         members = tar.getmembers()
         tops = set()
         for m in members:
-            parts = m.name.split("/")
+            parts = [p for p in m.name.split("/") if p not in ("", ".")]
             if m.name.startswith("/") or "\\" in m.name or ".." in parts or not (m.isfile() or m.isdir()):
                 raise SystemExit(f"refusing unsafe member {m.name!r} in {tar_path}")
-            tops.add(parts[0])
+            if parts:
+                tops.add(parts[0])
         if len(tops) != 1:
             raise SystemExit(f"{tar_path} must hold one top folder, found {sorted(tops)}")
         if hasattr(tarfile, "data_filter"):
@@ -355,12 +358,24 @@ def orch_extract(tar_path, dest):
         else:  # a Python without PEP 706 filters: the checks above are the filter
             tar.extractall(dest, members=members)
     root = dest / tops.pop()
-    data_yaml = root / "data.yaml"
-    config = json.loads(data_yaml.read_text())
-    config.pop("path", None)
-    config = {"path": str(root), **config}
-    tmp = data_yaml.with_name(".data.yaml.tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
+    found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
+    if len(found) != 1:
+        raise SystemExit(f"{tar_path}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
+    data_yaml = found[0]
+    text = data_yaml.read_text()
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = None
+    if isinstance(config, dict):  # what orch packs
+        config.pop("path", None)
+        text = json.dumps({"path": str(root), **config}, indent=2) + "\n"
+    else:
+        kept = [line for line in text.splitlines() if not re.match(r"path\s*:", line)]
+        text = "\n".join([f"path: {json.dumps(str(root))}", *kept]) + "\n"
+    tmp = data_yaml.with_name(f".{data_yaml.name}.tmp")
+    tmp.write_text(text)
     os.replace(tmp, data_yaml)
     return str(data_yaml)
 '''

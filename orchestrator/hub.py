@@ -157,12 +157,15 @@ class OrchHubPush:
 
 
 def upload_callback_source(repo_id: str) -> str:
-    """Python source defining ``orch_hub_push``, a LibreYOLO 1.6 training callback object.
+    """Python source of a module defining ``orch_hub_push``, a LibreYOLO 1.6 training callback object.
 
     LibreYOLO calls ``callback.on_train_epoch_end(event)`` with a ``TrainEpochEvent`` (fields used:
     ``save_dir``; ``epoch`` is 1-based) after the epoch's checkpoints are written, on rank 0 only, and
     ``on_train_end(event)`` with a ``TrainEndEvent``. Pass it as
     ``model.train(..., callbacks=[orch_hub_push])``; the CLI takes no callbacks.
+
+    Save it as a module (``orch_push.py`` beside the entry script) and import it: for a device list
+    LibreYOLO pickles the callbacks to its workers, and a class exec'd into a dict cannot be pickled.
     """
     _check_repo_id(repo_id)
     return _UPLOAD_CALLBACK + f"\norch_hub_push = OrchHubPush({repo_id!r})\n"
