@@ -145,20 +145,17 @@ def train_keys(spec: TrainSpec, data_yaml: str, project: str, name: str, gpus: i
 def entry_spec(keys: dict[str, Any], name: str, gpus: int, push_to: str | None) -> dict:
     """What train_entry.py runs: the CLI for one device, the Python API for a device list or a push."""
     if gpus > 1 or push_to:
-        spec = {"mode": "api", "name": name, "kwargs": keys}
-        if push_to:
-            from orchestrator.hub import upload_callback_source
-
-            spec["push_source"] = upload_callback_source(push_to[5:].strip("/"))
-        return spec
+        return {"mode": "api", "name": name, "kwargs": keys, "push": bool(push_to)}
     argv = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()]
     return {"mode": "cli", "name": name, "argv": argv}
 
 
+HUB_ENV = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
+
+
 def secrets_env() -> dict[str, str]:
-    """Secrets the instance needs; they travel in a 0600 file, never on a command line."""
-    env = {k: os.environ[k] for k in ("HF_TOKEN", "HF_ENDPOINT") if os.environ.get(k)}
-    return env
+    """The hub settings the instance needs; they travel in a 0600 file, never on a command line."""
+    return {k: os.environ[k] for k in HUB_ENV if os.environ.get(k)}
 
 
 # -- launch ------------------------------------------------------------------------------------
@@ -173,6 +170,7 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
         if spec.data.startswith("hf://"):
             from orchestrator.hub import parse_hf
 
+            train.ensure_hub_client(c)
             repo_id, filename = parse_hf(spec.data)
             data_yaml = train.stage_hf(c, repo_id, filename, secrets_env())
         else:
@@ -188,8 +186,14 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
         keys = train_keys(spec, data_yaml, project, name, inst.gpus or 1, inst.cpu_only)
         from orchestrator.lifecycle import kill_point
 
+        entry = entry_spec(keys, name, inst.gpus or 1, spec.push_to)
+        if spec.push_to:
+            train.ensure_hub_client(c)
+            from orchestrator.hub import upload_callback_source
+
+            entry["push"] = train.put_module(c, "orch_push.py", upload_callback_source(spec.push_to[5:].strip("/")))
         kill_point("before-train")
-        pid = train.start(c, entry_spec(keys, name, inst.gpus or 1, spec.push_to), secrets_env())
+        pid = train.start(c, entry, secrets_env())
     public = {k: v for k, v in keys.items() if k != "data"}
     run = orch.ledger.update_run(run.id, run_dir=f"{project}/{name}", pid=pid, state="running",
                                  args=json.dumps(public, sort_keys=True), ended_at=None)

@@ -73,6 +73,9 @@ def provision(c, gpu: bool = False, log=print) -> dict:
     python = find_python(c)
     facts = probe(c, python, gpu)
     torch_ok = facts["torch"] and not facts["error"] and (facts["cuda_ok"] or not gpu)
+    if gpu and not torch_ok and not facts["gpus"]:
+        raise VerifyFailed("a GPU was requested but the instance has no working NVIDIA GPU "
+                           "(nvidia-smi shows no GPU or driver)")
     installed = []
     if not torch_ok:
         index = cuda_index(facts["driver_cuda"]) if gpu else TORCH_INDEX + "cpu"

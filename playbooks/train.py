@@ -43,6 +43,23 @@ def _json_line(out: str, marker: str) -> dict:
     raise OrchError(f"no {marker.strip()} line in the instance's answer: {out.strip()[-300:]}")
 
 
+def put_module(c, name: str, source: str) -> str:
+    """A Python module beside train_entry.py; returns the folder to put on sys.path."""
+    folder = posixpath.join(workdir(c), "bin")
+    remote.put_text(c, source, posixpath.join(folder, name), 0o600)
+    return folder
+
+
+@task
+def ensure_hub_client(c) -> None:
+    """huggingface_hub on the instance (LibreYOLO does not depend on it)."""
+    py = shlex.quote(python(c))
+    if remote.run(c, f"{py} -c 'import huggingface_hub' 2>/dev/null && echo ok", check=False).strip() != "ok":
+        out = c.run(f"{py} -m pip --disable-pip-version-check -q install huggingface_hub", hide=True, warn=True)
+        if not out.ok:
+            raise OrchError(f"could not install huggingface_hub on the instance: {out.stderr.strip()[-200:]}")
+
+
 @task
 def stage_tar(c, local_tar: Path, name: str, log=print) -> str:
     """Upload a packed dataset over SFTP (resuming a partial upload) and extract it; returns data.yaml."""

@@ -15,17 +15,37 @@ def cli(argv):
     return entrypoint()
 
 
-def api(spec):
+def build(kwargs):
+    """The model to train. ``pretrained=false`` builds random weights with no download, the way
+    LibreYOLO's CLI does, so an offline instance can train from scratch through the API too."""
+    model = kwargs.pop("model")
+    if kwargs.get("pretrained") is False and not kwargs.get("resume"):
+        from libreyolo.cli.commands.train import _create_explicit_task_train_model
+        from libreyolo.cli.config import detect_family_from_model_ref, resolve_model_name
+
+        path = resolve_model_name(model)
+        scratch = _create_explicit_task_train_model(
+            family=detect_family_from_model_ref(model, path), model_path=path, task=None, resume=False,
+            device="cpu" if kwargs.get("device") == "cpu" else "cuda:0",
+            pretrained=False, seed=int(kwargs.get("seed", 0)))
+        if scratch is not None:
+            kwargs.pop("pretrained")  # already built from scratch: do not rebuild it in train()
+            return scratch
     from libreyolo import LibreYOLO
 
+    return LibreYOLO(model)
+
+
+def api(spec):
     callbacks = []
-    if spec.get("push_source"):
-        scope = {}
-        exec(compile(spec["push_source"], "orch_push", "exec"), scope)
-        callbacks.append(scope["orch_hub_push"])
+    if spec.get("push"):
+        # Imported from a module, not exec'd: LibreYOLO pickles callbacks for its GPU workers.
+        sys.path.insert(0, spec["push"])
+        from orch_push import orch_hub_push
+
+        callbacks.append(orch_hub_push)
     kwargs = dict(spec["kwargs"])
-    model = LibreYOLO(kwargs.pop("model"))
-    model.train(callbacks=callbacks, **kwargs)
+    build(kwargs).train(callbacks=callbacks, **kwargs)
     return 0
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+NOWHERE = "http://127.0.0.1:9"
 SECRET_ENV = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT")
 
 
@@ -20,6 +21,10 @@ def orch_home(tmp_path, monkeypatch):
         monkeypatch.setenv("ORCH_DATABASE_URL", os.environ["ORCH_TEST_DATABASE_URL"])
     for var in SECRET_ENV:
         monkeypatch.delenv(var, raising=False)
+    # Nothing a test does may reach a real cloud: every API points at a loopback port where nothing
+    # listens, until a test's fake server takes its place.
+    for var in ("RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT"):
+        monkeypatch.setenv(var, NOWHERE)
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # never the developer's ~/.runpod or ~/.ssh
     (tmp_path / "user").mkdir()
     yield home

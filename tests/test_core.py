@@ -96,12 +96,12 @@ def test_gpu_verify_failure_destroys_what_it_created(orch_home):
     try:
         assert "claimsgpu" in plugins.providers(), "a provider registered through the hook is found"
         orch = Orch.open(say=lambda m: None)
-        with pytest.raises(OrchError, match="verify failed on the GPU|no CUDA"):
+        with pytest.raises(OrchError, match="verify failed on the GPU|no working NVIDIA GPU"):
             orch.up("gpubox", "claimsgpu", Request(name="gpubox", gpu="Imaginary GPU"))
         inst = orch.ledger.by_name("gpubox", live_only=False)
         assert inst.state == states.DESTROYED
         last = orch.ledger.events(inst.id)[-1]
-        assert "verify failed" in last.reason or "no CUDA" in last.reason
+        assert "verify failed" in last.reason or "no working NVIDIA GPU" in last.reason
         assert not (orch_home / "local" / inst.label).exists()
         assert sshd.instance_pids(inst.id) == []
     finally:

@@ -1,0 +1,85 @@
+"""`orch up --provider runpod|vastai` end to end: the real SDKs, fake APIs on loopback, real sshd pods."""
+
+import getpass
+import json
+
+import pytest
+
+from orchestrator import dataset, states
+from tests.conftest import needs_torch, run_orch
+from tests.fakes.runpod_api import FakeRunPod
+from tests.fakes.vast_api import FakeVast
+
+
+def configure(orch_home, provider, settings):
+    orch_home.mkdir(parents=True, exist_ok=True)
+    lines = [f"[providers.{provider}]"] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    (orch_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def runpod(orch_home, tmp_path, monkeypatch):
+    with FakeRunPod(tmp_path / "runpod") as fake:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+        configure(orch_home, "runpod", fake.settings())
+        yield fake, {"RUNPOD_API_BASE_URL": fake.url}
+
+
+@pytest.fixture
+def vast(orch_home, tmp_path, monkeypatch):
+    with FakeVast(tmp_path) as fake:
+        monkeypatch.setenv("VAST_URL", fake.url)
+        configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(), "poll_seconds": 0.1})
+        yield fake, {"VAST_URL": fake.url}
+
+
+@needs_torch
+@pytest.mark.training
+def test_runpod_cpu_pod_trains_end_to_end(orch_home, runpod, tmp_path):
+    fake, env = runpod
+    ds = dataset.synth(tmp_path / "ds")
+    up = run_orch("up", "rp1", "--provider", "runpod", "--cpu", "--data", ds, "--epochs", "1", "--imgsz", "64",
+                  "--batch", "4", "--train-arg", "workers=0", "--wait", "--json", env=env, check=0)
+    inst = json.loads(up.stdout)
+    assert inst["provider"] == "runpod" and inst["state"] == "ready" and inst["run"]["state"] == "completed"
+    assert len(fake.live()) == 1 and fake.live()[0].name.startswith(f"orch-{inst['id']}-rp1")
+    assert (orch_home / "runs" / "rp1" / "weights" / "best.pt").exists()
+    listed = json.loads(run_orch("status", "--json", env=env, check=0).stdout)
+    assert [(i["name"], i["provider_id"]) for i in listed] == [("rp1", fake.live()[0].id)]
+    run_orch("down", "rp1", env=env, check=0)
+    assert fake.live() == [], "down leaves nothing billing at the provider"
+
+
+@needs_torch
+@pytest.mark.parametrize("provider", ["runpod", "vastai"])
+def test_gpu_verify_failure_terminates_and_the_ledger_says_why(orch_home, request, provider):
+    fake, env = request.getfixturevalue("runpod" if provider == "runpod" else "vast")
+    proc = run_orch("up", "g1", "--provider", provider, "--gpu", "RTX 4090", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no working NVIDIA GPU" in proc.stderr or "verify failed on the GPU" in proc.stderr, proc.stderr
+    detail = json.loads(run_orch("status", "g1", "--json", env=env, check=0).stdout)
+    assert detail["state"] == "destroyed"
+    assert "up failed" in detail["events"][-1]["reason"] and "GPU" in detail["events"][-1]["reason"]
+    assert fake.live() == [], "the pod that failed verify was terminated, not left billing"
+
+
+def test_runpod_preemption_is_recorded_in_the_ledger(orch_home, runpod):
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request, label_for
+
+    fake, env = runpod
+    orch = Orch.open(say=lambda m: None)
+    provider = orch.provider("runpod")
+    inst = orch.ledger.create_instance(name="spot1", provider="runpod", label="", spot=True, gpus=1)
+    remote = provider.create(Request(name="spot1", gpu="RTX 4090", spot=True), inst.label, "ssh-ed25519 AAAA test")
+    orch.move(inst, states.PROVISIONING, provider_id=remote.provider_id)
+    inst = orch.move(orch.ledger.get(inst.id), states.READY, "verified (test)")
+    provider.wait_ssh(remote.provider_id, 30)
+    assert orch.refresh(inst).state == states.READY
+    fake.preempt(remote.provider_id)
+    inst = orch.refresh(orch.ledger.get(inst.id))
+    assert inst.state == states.PREEMPTED
+    assert "preempted" in orch.ledger.events(inst.id)[-1].reason
+    assert label_for(inst.id, "spot1") == inst.label
+    orch.down(inst)
+    assert fake.live() == []
