@@ -220,10 +220,12 @@ class VastAIProvider(Provider):
     def _bid(self, request: Request, offer: Offer) -> float:
         live = float(offer.raw["min_bid"])
         if request.bid is not None:
-            if request.bid < live:
-                raise UsageError(f"bid {request.bid:.4f} $/h is below offer {offer.offer_id}'s live minimum "
-                                 f"{live:.4f} $/h: the instance would start outbid (stopped)")
-            return float(request.bid)
+            # orch's --bid is per GPU on every provider; Vast's bid_price is for the whole machine.
+            wanted = float(request.bid) * max(offer.gpus, 1)
+            if wanted < live:
+                raise UsageError(f"bid {request.bid:.4f} $/h per GPU is below offer {offer.offer_id}'s live minimum "
+                                 f"{live / max(offer.gpus, 1):.4f} $/h per GPU: the instance would start outbid (stopped)")
+            return wanted
         return round(live * (1 + self._setting("spot_margin", 0.05)), 4)
 
     def _attach(self, instance_id: str, public_key: str) -> None:
