@@ -70,7 +70,10 @@ class Orch:
 
         cache = self.__dict__.setdefault("_providers", {})
         if name not in cache:
-            cache[name] = plugins.provider_class(name)(config.provider_settings(name), self.home)
+            settings = config.provider_settings(name)
+            if config.get("spot_margin") is not None:
+                settings.setdefault("spot_margin", config.get("spot_margin"))
+            cache[name] = plugins.provider_class(name)(settings, self.home)
         return cache[name]
 
     def instance(self, name: str) -> Instance:

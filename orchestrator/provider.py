@@ -194,6 +194,12 @@ class Provider:
         """Environment the instance's own processes need (e.g. to stop themselves)."""
         return {}
 
+    def self_stop_command(self, destroy: bool) -> str | None:
+        """A POSIX shell snippet that, run on the instance, stops (or destroys) it through the
+        provider's API with the instance's own credentials from its environment. None where the
+        provider offers no way to do that (``capabilities.self_stop`` says so too)."""
+        return None
+
 
 def tcp_open(endpoint: Endpoint, timeout: float = 2.0) -> bool:
     import socket
