@@ -110,7 +110,7 @@ class RunPodProvider(Provider):
         return float(self._setting("poll_interval", 2.0))
 
     def _api_key(self, runpod) -> str:
-        key = self.settings.get("api_key") or os.environ.get("RUNPOD_API_KEY")
+        key = os.environ.get("RUNPOD_API_KEY") or self.settings.get("api_key")  # env beats config.toml
         if not key:
             key = (runpod.get_credentials(runpod.profile) or {}).get("api_key")
         if not key:

@@ -89,7 +89,7 @@ class VastAIProvider(Provider):
     def _sdk(self):
         from vastai import VastAI
 
-        key = self.settings.get("api_key") or os.environ.get("VAST_API_KEY") or None
+        key = os.environ.get("VAST_API_KEY") or self.settings.get("api_key") or None  # env beats config.toml
         # The SDK reads VAST_URL once, at import: pass it so import order does not matter.
         url = self.settings.get("server_url") or os.environ.get("VAST_URL") or None
         try:
