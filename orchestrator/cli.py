@@ -175,7 +175,9 @@ def status(
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
         raise UsageError(f"no instance named {name!r}")
-    inst = orch.refresh(inst)
+    from orchestrator import reaper
+
+    inst = reaper.observe(orch, inst)  # Orch.refresh, plus what the instance's watchdog did
     data = model_dict(inst)
     run = orch.ledger.latest_run(inst.id)
     if run is not None:
@@ -356,9 +358,9 @@ def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
         raise UsageError(f"{name} has no training run to monitor")
-    local = _free_local_port(port)
     with orch.connect(inst) as c:
         remote_port = train.start_monitor(c, run.run_dir)
+        local = _free_local_port(port)
         with c.forward_local(local_port=local, remote_port=remote_port, remote_host="127.0.0.1",
                              local_host="127.0.0.1"):
             print(f"libreyolo monitor for {name}: http://127.0.0.1:{local}/  (Ctrl-C to stop forwarding)", flush=True)

@@ -172,20 +172,34 @@ def tail_log(c, lines: int = 50) -> str:
 
 
 @task
-def start_monitor(c, run_dir: str, port: int = 8420) -> int:
-    """``libreyolo monitor`` on the instance (once); returns the port it listens on there."""
+def start_monitor(c, run_dir: str, port: int = 8420, timeout: float = 90) -> int:
+    """``libreyolo monitor`` on the instance (once); returns the port it listens on there.
+
+    The port is read from what the monitor prints, not guessed: it moves to the next free one
+    when a port is taken, and on the local provider the forward itself shares this machine's ports.
+    """
+    import re
+    import time
+
     work = workdir(c)
     py = shlex.quote(python(c))
-    out = remote.run(c, f"cat {work}/monitor.port 2>/dev/null && kill -0 $(cat {work}/monitor.pid) 2>/dev/null",
-                     check=False).strip()
-    if out.isdigit():
-        return int(out)
-    free = remote.run(c, f"{py} -c \"import socket\nfor p in range({port}, {port + 20}):\n"
-                         f"    s = socket.socket()\n    try:\n        s.bind(('127.0.0.1', p)); print(p); break\n"
-                         f"    except OSError: pass\n    finally: s.close()\"").strip()
+    known = remote.run(c, f"kill -0 $(cat {work}/monitor.pid 2>/dev/null) 2>/dev/null && cat {work}/monitor.port",
+                       check=False).strip()
+    if known.isdigit():
+        return int(known)
     launcher = ("import sys; from libreyolo.cli import entrypoint; "
                 "sys.argv = ['libreyolo'] + sys.argv[1:]; sys.exit(entrypoint())")
-    remote.run(c, f"setsid nohup {py} -c {shlex.quote(launcher)} monitor {shlex.quote(run_dir)} --host 127.0.0.1 "
-                  f"--port {free} --no-browser > {work}/monitor.log 2>&1 < /dev/null & echo $! > {work}/monitor.pid; "
-                  f"echo {free} > {work}/monitor.port")
-    return int(free)
+    remote.run(c, f"rm -f {work}/monitor.port; setsid nohup {py} -u -c {shlex.quote(launcher)} monitor "
+                  f"{shlex.quote(run_dir)} --host 127.0.0.1 --port {int(port)} --no-browser > {work}/monitor.log 2>&1 "
+                  f"< /dev/null & echo $! > {work}/monitor.pid")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = remote.run(c, f"cat {work}/monitor.log", check=False)
+        m = re.search(r"running at http://[^:\s]+:(\d+)", log)
+        if m:
+            remote.run(c, f"echo {m.group(1)} > {work}/monitor.port")
+            return int(m.group(1))
+        if remote.run(c, f"kill -0 $(cat {work}/monitor.pid) 2>/dev/null || echo dead", check=False).strip():
+            raise OrchError(f"libreyolo monitor exited on the instance: {log.strip()[-300:]}")
+        time.sleep(1)
+    raise OrchError(f"libreyolo monitor did not start within {timeout:.0f} s")

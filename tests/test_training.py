@@ -64,9 +64,43 @@ def test_up_train_watch_pull_down(orch_home, ds):
     assert row[0] == inst["run"]["run_dir"] and row[1] and row[2] == "completed" and row[3] == 2
     assert json.loads(row[4])["seed"] == 0, "a fixed seed is passed so the run can be repeated"
 
+    check_monitor("tr1", done["run_dir"])
+
     down = run_orch("down", "tr1", check=0)
     assert "destroyed" in down.stdout
     assert (home / "weights" / "best.pt").exists(), "the weights outlive the instance"
+
+
+def check_monitor(name, run_dir):
+    """orch monitor forwards libreyolo monitor to 127.0.0.1; Ctrl-C ends the forward only."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "monitor", name, "--port", "18420"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = line.split("http://", 1)[1].split()[0].rstrip("/")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{url}/api/runs", timeout=5) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert json.loads(body), body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+    assert proc.returncode == 0
+    assert status(name)["state"] == "ready", "ending the forward leaves the instance alone"
 
 
 def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, ds):
