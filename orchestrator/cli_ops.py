@@ -1,1 +1,187 @@
-"""reap, reaper, cost, protect, unprotect (being written)."""
+"""reap, reaper install/uninstall/status, cost, protect, unprotect: the commands that stop the bill."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import typer
+
+from orchestrator.cli import _console, _emit_json, _orch, _say, app
+from orchestrator.errors import UsageError
+
+reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this shell.", no_args_is_help=True)
+app.add_typer(reaper_app, name="reaper")
+
+
+def _outcomes_table(outcomes, dry_run: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    c = _console()
+    if not outcomes:
+        c.print("no live instances")
+        return
+    t = Table(box=None, pad_edge=False)
+    for col in ("NAME", "PROVIDER", "STATE", "DECISION", "$/HR SAVED", "REASON"):
+        t.add_column(col, overflow="fold")
+    for o in outcomes:
+        saved = f"{o.saved_hr:.4f}" if o.saved_hr else "-"
+        if o.saved_hr and not o.acted:
+            saved += " (would)"
+        t.add_row(o.name, o.provider, o.state, o.action, saved, escape(o.reason))
+    c.print(t)
+    total = sum(o.saved_hr for o in outcomes if o.acted)
+    would = sum(o.saved_hr for o in outcomes if not o.acted and o.action in ("stop", "destroy"))
+    if dry_run:
+        c.print(f"dry run: nothing changed; acting would save ${would:.4f}/hr")
+    elif total:
+        c.print(f"saved ${total:.4f}/hr")
+
+
+@app.command()
+def reap(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Decide and show, change nothing."),
+    as_json: bool = typer.Option(False, "--json", help="The decisions as JSON."),
+    watch: bool = typer.Option(False, "--watch", help="Run a pass every --interval seconds until interrupted."),
+    interval: float = typer.Option(60.0, help="Seconds between passes with --watch."),
+    force: bool = typer.Option(False, "--force", help="Destroy even where the weights could not be pulled."),
+):
+    """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
+    from orchestrator import reaper
+
+    if interval < 1:
+        raise UsageError(f"--interval must be at least 1 second, not {interval:g}")
+    orch = _orch(actor=reaper.ACTOR)
+    while True:
+        t0, started = time.monotonic(), reaper.utcnow()
+        outcomes = reaper.reap(orch, dry_run=dry_run, force=force)
+        if as_json:
+            _emit_json([o.to_dict() for o in outcomes])
+        else:
+            if watch:
+                _console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
+            _outcomes_table(outcomes, dry_run)
+        if not watch:
+            return
+        # An instance whose idle time runs out before the next pass gets a pass right then.
+        pause = interval - (time.monotonic() - t0)
+        wake = [o.wake_in for o in outcomes if o.wake_in is not None]
+        if wake:
+            pause = min(pause, min(wake) + 0.5)
+        time.sleep(max(pause, 0.5))
+
+
+@reaper_app.command("install")
+def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h."),
+                   backend: str = typer.Option("auto", help="auto, systemd, cron or loop.")):
+    """Install the schedule (a systemd user timer, else a crontab entry, else a detached loop)."""
+    from orchestrator import schedule
+
+    orch = _orch()
+    info = schedule.install(orch.ledger, orch.home, schedule.parse_every(every), backend)
+    c = _console()
+    c.print(f"reaper installed ({info['backend']}): `{info['command']}` every {info['every']} s")
+    c.print(f"  environment  {info['env_file']} (0600): {', '.join(info['carried'])}")
+    c.print(f"  note         {info['note']}")
+
+
+@reaper_app.command("uninstall")
+def reaper_uninstall():
+    """Remove the schedule."""
+    from orchestrator import schedule
+
+    info = schedule.uninstall(_orch().ledger)
+    _console().print(f"reaper schedule removed ({info['backend']})" if info else "no reaper schedule was installed")
+
+
+@reaper_app.command("status")
+def reaper_status(as_json: bool = typer.Option(False, "--json", help="As JSON.")):
+    """Whether the schedule is installed and running, and what the last pass did."""
+    from orchestrator import schedule
+
+    from rich.markup import escape
+
+    st = schedule.status(_orch().ledger)
+    if as_json:
+        _emit_json(st)
+        return
+    c = _console()
+    if st["installed"]:
+        c.print(f"schedule   {st['backend']}, every {st['every']} s, "
+                f"{'running' if st['running'] else '[red]NOT running[/]'} (installed {st['installed_at'][:19]}Z)")
+    else:
+        c.print("schedule   not installed (`orch reaper install`)")
+    last = st["last_pass"]
+    if not last:
+        c.print("last pass  never")
+        return
+    acted = [o for o in last["outcomes"] if o["acted"]]
+    c.print(f"last pass  {last['at'][:19]}Z, {last['seconds']:.1f} s, {len(last['outcomes'])} instance(s), "
+            f"{len(acted)} acted on")
+    for o in last["outcomes"]:
+        c.print(f"  {o['name']:<16} {o['action']:<8} {escape(o['reason'])}")
+
+
+@app.command()
+def cost(name: Optional[str] = typer.Argument(None, help="One instance (every one of that name)."),
+         since: Optional[str] = typer.Option(None, help="From this date (2026-07-31), time, or span back (7d)."),
+         as_json: bool = typer.Option(False, "--json", help="As JSON.")):
+    """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
+    from orchestrator import cost as costs
+
+    orch = _orch()
+    start = costs.parse_since(since) if since else None
+    rows, totals = costs.report(orch.ledger, name, start)
+    if as_json:
+        _emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
+                    "providers": totals})
+        return
+    from rich.table import Table
+
+    c = _console()
+    if not rows:
+        c.print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
+        return
+    t = Table(box=None, pad_edge=False)
+    for col in ("NAME", "PROVIDER", "STATE", "RUNNING", "STOPPED", "TOTAL", "IDLE WASTE"):
+        t.add_column(col, no_wrap=True, justify="left" if col in ("NAME", "PROVIDER", "STATE") else "right")
+    for r in rows:
+        t.add_row(r.name, r.provider, r.state, f"{r.running_hours:.2f} h ${r.running_usd:.2f}",
+                  f"{r.stopped_hours:.2f} h ${r.stopped_usd:.2f}", f"${r.total_usd:.2f}",
+                  f"{r.idle_hours:.2f} h ${r.idle_usd:.2f}" if r.idle_hours else "-")
+    c.print(t)
+    c.print("[dim]running at the price paid at launch, stopped at the disk's rate; idle waste: billed after "
+            "the training ended[/]")
+    for provider, tot in sorted(totals.items()):
+        c.print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
+                f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
+
+
+def _set_protected(name: str, on: bool) -> None:
+    from orchestrator import reaper, states
+
+    orch = _orch()
+    inst = orch.instance(name)
+    if inst.protected == on:
+        _console().print(f"{name} is already {'protected' if on else 'unprotected'}")
+        return
+    inst = orch.ledger.update(inst.id, protected=on)
+    orch.ledger.note(inst.id, "protected: the reaper and the watchdog only report" if on else
+                     "unprotected: the reaper and the watchdog act on it again", orch.actor)
+    told = inst.state == states.READY and reaper.watchdog_enabled() and reaper.arm(orch, inst)
+    if inst.state == states.READY and reaper.watchdog_enabled() and not told:
+        _say(f"orch: warning: the watchdog on {name} could not be told; it keeps its last policy")
+    _console().print(f"{name}: {'protected' if on else 'unprotected'}" + (" (watchdog told)" if told else ""))
+
+
+@app.command()
+def protect(name: str):
+    """Never let the reaper or the watchdog stop or destroy this instance (they still report)."""
+    _set_protected(name, True)
+
+
+@app.command()
+def unprotect(name: str):
+    """Let the reaper and the watchdog act on this instance again."""
+    _set_protected(name, False)

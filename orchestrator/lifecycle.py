@@ -124,6 +124,9 @@ class Orch:
             inst = self.move(inst, states.READY, f"verified on {proof['device']}", device=device[:255])
             if after_verify:
                 after_verify(inst)
+            from orchestrator import reaper
+
+            reaper.arm(self, inst)  # the on-instance watchdog; a failure is reported, never fails up
         except BaseException as e:
             why = _why(e)
             self.say(f"failed: {why}; destroying {inst.label} so it does not keep billing")

@@ -172,7 +172,7 @@ def step(cfg, mem, seen, now, last_write=None, safe=True):
         mem["last_active_at"] = last_write if last_write and prev < last_write <= now else now
     mem["was_training"] = bool(seen["training"])
     since = max(mem["started_at"], mem.get("last_active_at") or 0)
-    idle_s = 0.0 if busy else now - since
+    idle_s = mem["idle_s"] = 0.0 if busy else now - since
     deadline = cfg["first_ready_at"] + cfg["max_hours"] * 3600 if cfg.get("max_hours") else None
     want = None
     if deadline and now >= deadline:
@@ -260,7 +260,20 @@ def run(config_path):
             last_action.update(rc=rc, error=None if rc == 0 else err or f"exit {rc}")
             print(f"watchdog: {action} ({reason}): rc {rc} {err}", flush=True)
         _write(state_path, {**state, "action": last_action, "history": history})
-        time.sleep(float(cfg.get("interval", DEFAULT_INTERVAL)))
+        pause = float(cfg.get("interval", DEFAULT_INTERVAL))
+        if decision == "keep" and mem["idle_s"]:  # wake when the idle time is up, not a whole interval later
+            pause = min(pause, max(cfg["idle_minutes"] * 60 - mem["idle_s"], 0.2))
+        _sleep(pause, seen["training"])
+
+
+def _sleep(seconds, pids):
+    """Sleep, but wake as soon as the training ends: its end starts the idle clock."""
+    deadline = time.time() + seconds
+    while pids and time.time() < deadline - 0.5:
+        time.sleep(0.5)
+        if not any(os.path.exists(f"/proc/{p}") for p in pids):
+            return
+    time.sleep(max(deadline - time.time(), 0))
 
 
 def probe(work):

@@ -1,0 +1,122 @@
+"""What every instance cost, from the ledger's events and the price paid at launch.
+
+Never from today's catalog: prices change, and a report built on them is wrong about the past.
+Time in a compute-billing state (``states.BILLING_COMPUTE``) costs ``price_hr``; time in a
+disk-only state (``states.BILLING_DISK_ONLY``) costs ``stopped_price_hr``. **Idle waste** is the
+compute time billed after a training run ended, until the instance stopped or was destroyed
+(or the next run began): money that bought nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+
+from orchestrator import states
+from orchestrator.errors import UsageError
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+@dataclass
+class Cost:
+    name: str
+    instance_id: str
+    provider: str
+    state: str
+    price_hr: float
+    stopped_price_hr: float
+    running_hours: float = 0.0
+    stopped_hours: float = 0.0
+    running_usd: float = 0.0
+    stopped_usd: float = 0.0
+    total_usd: float = 0.0
+    idle_hours: float = 0.0
+    idle_usd: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def intervals(events, until: datetime) -> list[tuple[datetime, datetime, str]]:
+    """(start, end, state) for every stretch of the timeline; the last one runs to ``until`` if live."""
+    evs = sorted(events, key=lambda e: (_utc(e.at), e.id or 0))
+    out = []
+    for cur, nxt in zip(evs, evs[1:] + [None]):
+        start = _utc(cur.at)
+        end = _utc(nxt.at) if nxt is not None else (until if cur.to_state in states.LIVE else start)
+        if end > start:
+            out.append((start, end, cur.to_state))
+    return out
+
+
+def _overlap(a0, a1, b0, b1) -> float:
+    """Hours shared by [a0, a1) and [b0, b1)."""
+    lo, hi = max(a0, b0), min(a1, b1)
+    return max((hi - lo).total_seconds(), 0.0) / 3600
+
+
+def instance_cost(inst, events, runs, since: datetime | None = None, until: datetime | None = None) -> Cost:
+    until = _utc(until or datetime.now(timezone.utc))
+    since = _utc(since) if since else datetime.min.replace(tzinfo=timezone.utc)
+    c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr)
+    spans = intervals(events, until)
+    starts = sorted(_utc(r.started_at) for r in runs)
+    waste_windows = []
+    for r in runs:
+        if r.ended_at is None:
+            continue
+        end = _utc(r.ended_at)
+        # until the instance stopped billing compute (stopped, destroyed) or the next run began
+        stops = [s for s, _, state in spans if s >= end and state not in states.BILLING_COMPUTE]
+        waste_windows.append((end, min([s for s in starts if s > end] + stops[:1] + [until])))
+    for start, end, state in spans:
+        if state in states.BILLING_COMPUTE:
+            c.running_hours += _overlap(start, end, since, until)
+            c.idle_hours += sum(_overlap(start, end, max(w0, since), min(w1, until)) for w0, w1 in waste_windows)
+        elif state in states.BILLING_DISK_ONLY:
+            c.stopped_hours += _overlap(start, end, since, until)
+    c.running_usd = c.running_hours * c.price_hr
+    c.stopped_usd = c.stopped_hours * c.stopped_price_hr
+    c.total_usd = c.running_usd + c.stopped_usd
+    c.idle_usd = c.idle_hours * c.price_hr
+    return c
+
+
+def report(ledger, name: str | None = None, since: datetime | None = None,
+           until: datetime | None = None) -> tuple[list[Cost], dict[str, dict[str, float]]]:
+    """Every instance's cost (those named ``name``, if given) and the totals per provider."""
+    insts = [i for i in ledger.instances() if name is None or i.name == name]
+    if name is not None and not insts:
+        raise UsageError(f"no instance named {name!r} in the ledger")
+    runs_by = {}
+    for r in ledger.runs():
+        runs_by.setdefault(r.instance_id, []).append(r)
+    costs = []
+    for inst in insts:
+        c = instance_cost(inst, ledger.events(inst.id), runs_by.get(inst.id, []), since, until)
+        if name is not None or c.running_hours or c.stopped_hours or inst.state in states.LIVE:
+            costs.append(c)
+    totals: dict[str, dict[str, float]] = {}
+    for c in costs:
+        t = totals.setdefault(c.provider, {"running_usd": 0.0, "stopped_usd": 0.0, "total_usd": 0.0,
+                                           "idle_usd": 0.0, "running_hours": 0.0, "stopped_hours": 0.0})
+        for k in t:
+            t[k] += getattr(c, k)
+    return costs, totals
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """``2026-07-31``, ``2026-07-31T12:00``, or a span back from now: ``7d``, ``12h``, ``30m``."""
+    now = _utc(now or datetime.now(timezone.utc))
+    t = text.strip()
+    if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in ("d", "h", "m"):
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[t[-1]]
+        return now - timedelta(**{unit: float(t[:-1])})
+    try:
+        return _utc(datetime.fromisoformat(t.replace("Z", "+00:00")))
+    except ValueError:
+        raise UsageError(f"--since takes a date (2026-07-31), a time (2026-07-31T12:00) or a span (7d, 12h), "
+                         f"not {text!r}") from None
