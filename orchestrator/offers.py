@@ -6,8 +6,8 @@ added; Vast's ``dph_total`` and the Vast provider's ``spot_hr`` (min bid + stora
 "Stopped $/hr" is what the disk alone bills while the machine is stopped.
 
 Asking. Every provider is asked in its own thread, so an answer takes about as long as the
-slowest provider. A provider is asked when its key is available (config, environment or its SDK's
-key file); the local provider only when this machine has GPUs. One that has no key or fails is
+slowest provider. A provider is asked when it is ``configured()`` (its key is in config.toml, the
+environment or its SDK's key file); the local provider only when this machine has GPUs. One that has no key or fails is
 one error line and the others still answer: the answer is *partial* (``orch offers`` exits 3).
 Answers are cached under ``$ORCH_HOME/cache`` for ``offers_cache_seconds`` (config.toml, default
 60; 0 turns the cache off), keyed by provider, query and settings, because Vast.ai counts
@@ -56,12 +56,6 @@ TRIAL_KEY = "orch_trial"
 # Providers whose offer prices leave the disk out (RunPod: "$0.10/GB-month while running" on top).
 DISK_LEFT_OUT = {"runpod"}
 
-# Where each provider keeps its key besides orch's config: the env variable, then its SDK's files.
-KEY_SOURCES = {
-    "runpod": ("RUNPOD_API_KEY", ("~/.runpod/config.toml",)),
-    "vastai": ("VAST_API_KEY", ("$XDG_CONFIG_HOME/vastai/vast_api_key", "~/.config/vastai/vast_api_key",
-                                "~/.vast_api_key")),
-}
 # Environment that changes what a provider answers (its endpoint, its account): part of the cache key.
 ANSWER_ENV = ("RUNPOD_API_BASE_URL", "RUNPOD_API_KEY", "VAST_URL", "VAST_API_KEY")
 
@@ -195,13 +189,18 @@ def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> A
     for name in names:
         if name not in known:
             raise UsageError(f"unknown provider {name!r} (known: {', '.join(sorted(known))})")
+    answer = Answer(rows=[])
     # Built here, not in the threads: the plugin registry and Orch's provider cache are not thread-safe.
-    providers = {name: orch.provider(name) for name in names}
+    providers = {}
+    for name in names:
+        try:
+            providers[name] = orch.provider(name)
+        except OrchError as e:  # e.g. a setting of the wrong type: this provider only
+            answer.errors.append((name, _one_line(e)))
     ttl = float(config.get("offers_cache_seconds", DEFAULT_CACHE_SECONDS))
     request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot")
-    answer = Answer(rows=[])
     offers: list[Offer] = []
-    with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(len(providers), 1)) as pool:
         futures = {name: pool.submit(_ask, orch.home, p, request, fresh, ttl) for name, p in providers.items()}
         for name, future in futures.items():
             try:
@@ -240,9 +239,9 @@ def _ask(home: Path, provider, request: Request, fresh: bool, ttl: float) -> tup
     """(offers, age of the cached answer or None when asked live); (None, None): nothing to ask."""
     if provider.name == "local":
         return _local_offers(provider, request), None
-    missing = missing_key(provider.name, provider.settings)
-    if missing:
-        raise AuthError(missing)
+    if not provider.configured():
+        raise AuthError(f"no API key: set api_key under [providers.{provider.name}] in config.toml "
+                        "(or the provider's own environment variable or key file)")
     path = _cache_path(home, provider.name, provider.settings, request)
     if not fresh and ttl > 0:
         cached = _read_cache(path, ttl)
@@ -252,20 +251,6 @@ def _ask(home: Path, provider, request: Request, fresh: bool, ttl: float) -> tup
     if ttl > 0:
         _write_cache(path, found)
     return found, None
-
-
-def missing_key(name: str, settings: dict) -> str | None:
-    """Why a provider cannot be asked (no key anywhere it would look), or None."""
-    if name not in KEY_SOURCES or settings.get("api_key"):
-        return None
-    env, files = KEY_SOURCES[name]
-    if os.environ.get(env):
-        return None
-    for f in files:
-        path = os.path.expanduser(os.path.expandvars(f))
-        if "$" not in path and os.path.isfile(path):
-            return None
-    return f"no API key: set api_key under [providers.{name}] in config.toml, or {env}"
 
 
 def _local_offers(provider, request: Request) -> list[Offer] | None:

@@ -133,11 +133,14 @@ def test_spot_only_and_price_cap_filter_rows(fakes):
 
 
 # -- partial answers and the cache -------------------------------------------------------------
-@pytest.mark.parametrize("failure", ["server error", "no key"])
-def test_one_provider_failing_is_one_line_and_a_partial_answer(fakes, orch_home, failure):
+@pytest.mark.parametrize("failure, says", [("server error", "server error"), ("no key", "no API key"),
+                                           ("bad setting", "spot_margin")])
+def test_one_provider_failing_is_one_line_and_a_partial_answer(fakes, orch_home, failure, says):
     runpod, vast = fakes
     if failure == "no key":
         write_config(orch_home, runpod, vast, vast_key=False)
+    elif failure == "bad setting":
+        write_config(orch_home, runpod, vast, vast_extra={"spot_margin": "lots"})
     else:
         write_config(orch_home, runpod, vast, vast_extra={"retries": 2})
         vast.server_error(times=100)
@@ -146,7 +149,7 @@ def test_one_provider_failing_is_one_line_and_a_partial_answer(fakes, orch_home,
     assert "runpod" in proc.stdout and "RTX 4090" in proc.stdout  # the other one still answered
     errors = [line for line in proc.stderr.splitlines() if line.startswith("orch: ")]
     assert len(errors) == 1 and errors[0].startswith("orch: vastai: ")
-    assert ("no API key" if failure == "no key" else "server error") in errors[0]
+    assert says in errors[0]
     data, _ = orch_json("--gpu", "4090", check=3)
     assert data["partial"] and [e["provider"] for e in data["errors"]] == ["vastai"]
     assert {r["provider"] for r in data["offers"]} == {"runpod"}
