@@ -254,6 +254,8 @@ def digest(orch, run, raw: dict) -> dict:
         view["mean_epoch_seconds"] = view["mean_epoch_seconds"] or st["total_seconds"] / st["completed_epochs"]
     fields = {"state": state, "completed_epochs": st.get("completed_epochs"), "best_metric": st.get("best_metric"),
               "mean_epoch_seconds": view["mean_epoch_seconds"]}
+    if run.args and "orch_trial" in run.args:
+        fields.pop("mean_epoch_seconds")  # a trial keeps its warm epoch time, not the mean with warm-up
     if state in ("completed", "failed", "crashed") and run.ended_at is None:
         fields["ended_at"] = datetime.now(timezone.utc)
     orch.ledger.update_run(run.id, **{k: v for k, v in fields.items() if v is not None})
