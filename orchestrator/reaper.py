@@ -283,6 +283,17 @@ def _upload_watchdog(c, work: str) -> str:
     return remote.put_text(c, WATCHDOG_SOURCE.read_text(), f"{work}/bin/watchdog.py", 0o644)
 
 
+def _python(c) -> str:
+    """The instance's Python: the one provisioning chose, else any python3 (the watchdog needs no more)."""
+    from orchestrator import remote
+
+    out = remote.run(c, 'cat "$HOME/.orch/python" 2>/dev/null || command -v python3 || command -v python',
+                     check=False).strip()
+    if not out:
+        raise SSHError("no Python on the instance")
+    return out.splitlines()[-1]
+
+
 def _json_line(out: str, marker: str) -> dict:
     for line in reversed(out.splitlines()):
         if line.startswith(marker):
@@ -298,7 +309,7 @@ def look(orch, inst, run, writes: bool = True) -> tuple[Observed, dict]:
     with orch.connect(inst) as c:
         work = train.workdir(c)
         script = _upload_watchdog(c, work)
-        probe = _json_line(remote.run(c, f"{shlex.quote(train.python(c))} {script} probe {shlex.quote(work)}"),
+        probe = _json_line(remote.run(c, f"{shlex.quote(_python(c))} {script} probe {shlex.quote(work)}"),
                            "ORCH_WATCHDOG ")
         raw = train.status(c, run.run_dir, run.pid) if run is not None and run.run_dir else None
     view = training.digest(orch if writes else _NoWrites, run, raw) if raw is not None else None
@@ -371,7 +382,7 @@ def arm(orch, inst) -> bool:
             cfg = watchdog_config(orch, inst, work, commands)
             path = remote.put_text(c, json.dumps(cfg, indent=1), f"{work}/watchdog-config.json", 0o600)
             q = shlex.quote
-            remote.run(c, f"cd {q(work)} && setsid nohup {q(train.python(c))} {script} run {q(path)} "
+            remote.run(c, f"cd {q(work)} && setsid nohup {q(_python(c))} {script} run {q(path)} "
                           f">> {q(work + '/watchdog.log')} 2>&1 < /dev/null &")
     except Exception as e:  # noqa: BLE001 - reported; up must not fail for want of a watchdog
         why = _why(e)

@@ -440,3 +440,24 @@ def test_cron_line_sources_the_env_file_and_carries_no_secret(tmp_path, monkeypa
     assert line.startswith("*/5 * * * * ") and str(env_file) in line and "vast-secret" not in line
     assert "VAST_API_KEY" in carried and "vast-secret" in env_file.read_text()
     assert schedule.parse_every("90s") == 90 and schedule.parse_every("2") == 120
+
+
+# -- the watchdog on the clouds' fakes: it stops its own instance through the provider's API -----------
+from tests.fakes.clouds import arrange, open_orch, runpod, vast  # noqa: E402,F401  (fixtures)
+
+
+@pytest.mark.parametrize("cloud", ["runpod", "vast"])
+def test_watchdog_stops_a_cloud_instance_through_its_api(orch_home, request, cloud):
+    fake, _env = request.getfixturevalue(cloud)
+    provider_name = "runpod" if cloud == "runpod" else "vastai"
+    orch = open_orch()
+    inst = arrange(orch, "cl", provider_name) if cloud == "runpod" else arrange(orch, "cl", provider_name, gpu="RTX 4090")
+    inst = orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.02).to_json())
+    assert reaper.arm(orch, inst)
+    provider = orch.provider(provider_name)
+    wait_for(lambda: provider.get(inst.provider_id).status == "stopped", timeout=30,
+             what=f"the {cloud} instance to stop itself")
+    out = {o.name: o for o in reaper.reap(reaper_orch())}["cl"]
+    assert out.state == states.STOPPED
+    stop = [e for e in orch.ledger.events(inst.id) if e.to_state == states.STOPPED and e.from_state != e.to_state]
+    assert [(e.from_state, e.actor) for e in stop] == [(states.READY, "watchdog")] and "watchdog" in stop[0].reason
