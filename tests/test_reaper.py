@@ -427,18 +427,28 @@ def test_reaper_schedule_on_this_machine(orch_home):
         if backend == "loop":
             wait_for(lambda: not schedule._loop_pid_alive(st["pid"]), timeout=15, what="the loop to end")
     finally:
+        run_orch("reaper", "uninstall")  # nothing scheduled outlives the test, even a failing one
         if backend == "cron":
             subprocess.run(["crontab", "-"], input=saved, text=True)
 
 
-def test_cron_line_sources_the_env_file_and_carries_no_secret(tmp_path, monkeypatch):
+def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
     from orchestrator import schedule
 
+    orch_home.mkdir(parents=True, exist_ok=True)
     monkeypatch.setenv("VAST_API_KEY", "vast-secret")
-    env_file, carried = schedule.write_env(tmp_path)
-    line = schedule.cron_line(tmp_path, 300, env_file)
+    env_file, carried = schedule.write_env(orch_home)
+    line = schedule.cron_line(orch_home, 300, env_file)
     assert line.startswith("*/5 * * * * ") and str(env_file) in line and "vast-secret" not in line
     assert "VAST_API_KEY" in carried and "vast-secret" in env_file.read_text()
+    assert "%" not in line  # cron would turn it into a newline
+    # What crond would run, with crond's bare environment: one pass, logged, recorded in the ledger.
+    command = line.split(" ", 5)[5]
+    done = subprocess.run(["/bin/sh", "-c", command], env={"PATH": "/usr/bin:/bin", "HOME": str(orch_home)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no live instances" in (orch_home / "reaper.log").read_text()
+    assert reaper.last_pass(reaper_orch().ledger)["outcomes"] == []
     assert schedule.parse_every("90s") == 90 and schedule.parse_every("2") == 120
 
 
