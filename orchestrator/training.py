@@ -257,9 +257,20 @@ def digest(orch, run, raw: dict) -> dict:
     if run.args and "orch_trial" in run.args:
         fields.pop("mean_epoch_seconds")  # a trial keeps its warm epoch time, not the mean with warm-up
     if state in ("completed", "failed", "crashed") and run.ended_at is None:
-        fields["ended_at"] = datetime.now(timezone.utc)
+        # The run's own last word on when it ended, so idle waste is counted from then, not from
+        # whenever orch first looked.
+        ended = _parse_time(st.get("updated_at")) if state != "crashed" else None
+        fields["ended_at"] = ended or datetime.now(timezone.utc)
     orch.ledger.update_run(run.id, **{k: v for k, v in fields.items() if v is not None})
     return view
+
+
+def _parse_time(value) -> datetime | None:
+    try:
+        t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def milestones(view: dict) -> list:
