@@ -78,6 +78,8 @@ def up(
 
     policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
                                  rebuild_cost=rebuild_cost)
+    if ssh_timeout is not None and not 0 < ssh_timeout <= 24 * 60:
+        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {ssh_timeout}")
     spec = None
     if data or resume:
         if not data:
@@ -106,7 +108,7 @@ def up(
         from orchestrator import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
-    provider = provider or config.get("default_provider", "local")
+    provider = config.get("default_provider", "local") if provider is None else provider
     holder = {}
 
     def start_training(inst):
@@ -168,6 +170,7 @@ def status(
             _emit_json(rows)
         else:
             _fleet_table(rows)
+            print(_reconcile_note())
         return
     from orchestrator.views import iso, model_dict
 
@@ -205,7 +208,7 @@ def status(
 def _run_view(orch, inst, run) -> dict:
     """The run from status.json when the instance is up (pulling new milestones), else the ledger's."""
     from orchestrator import training
-    from orchestrator.errors import SSHError
+    from orchestrator.errors import HostKeyMismatch, SSHError
     from orchestrator.views import run_dict
 
     if inst.state != "ready" or not run.run_dir:
@@ -215,6 +218,8 @@ def _run_view(orch, inst, run) -> dict:
         got, where = training.pull(orch, inst, run, view=view, only_milestones=True)
         if got:
             _say(f"pulled {', '.join(got)} to {where}")
+    except HostKeyMismatch:
+        raise  # possible interception: a refusal, never a mere warning
     except SSHError as e:
         _say(f"orch: warning: could not read the run on {inst.name}: {e}")
         return run_dict(run)
@@ -229,6 +234,19 @@ def _fast_rows(include_ended: bool):
     if config.get("database_url"):
         return None
     return fast_list(config.home() / "ledger.db", HEAD, include_ended)
+
+
+def _reconcile_note() -> str:
+    from orchestrator import config
+    from orchestrator.cli_reconcile import status_note
+    from orchestrator.views import fast_meta
+
+    keys = ("reconcile:last_run", "reconcile:last_report")
+    meta = None if config.get("database_url") else fast_meta(config.home() / "ledger.db", keys)
+    if meta is None:
+        ledger = _orch().ledger
+        meta = {k: ledger.get_meta(k) for k in keys}
+    return status_note(*(meta.get(k) for k in keys))
 
 
 def _fleet_table(rows) -> None:
@@ -447,26 +465,30 @@ def db_upgrade():
 # Commands that live beside the features they drive (each imports its heavy parts lazily).
 from orchestrator import cli_ops  # noqa: E402,F401  reap, reaper, cost, protect, unprotect
 from orchestrator import cli_offers  # noqa: E402,F401  offers, trial
+from orchestrator import cli_reconcile  # noqa: E402,F401  reconcile
+
+
+def _one_line(text: str) -> str:
+    """An error as one line: a newline or a control character from the user's input is shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
 
 
 def main() -> None:
     try:
         app(standalone_mode=False)
     except OrchError as e:
-        print(f"orch: error: {e}", file=sys.stderr)
+        print(f"orch: error: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("orch: interrupted", file=sys.stderr)
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as e:  # click's usage errors and our bugs alike get one line
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
+    except Exception as e:  # usage errors and our bugs alike get one line
+        if isinstance(e, typer.TyperException):  # Typer's own click: bad option values, unknown options
+            print(f"orch: error: {_one_line(e.format_message().replace(chr(10), ' '))}", file=sys.stderr)
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, typer.Abort):
             sys.exit(1)
         if os.environ.get("ORCH_DEBUG"):
             raise

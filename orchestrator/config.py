@@ -59,6 +59,10 @@ _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_ca
         "database_url": str, "spot_margin": (int, float)}
 
 
+# A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
+_RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10)}
+
+
 def _check(data: dict, path: Path) -> None:
     for key, value in data.items():
         want = _SECTIONS.get(key) or _TOP.get(key)
@@ -66,6 +70,9 @@ def _check(data: dict, path: Path) -> None:
             raise UsageError(f"{path}: unknown setting {key!r}")
         if not isinstance(value, want) or isinstance(value, bool):
             raise UsageError(f"{path}: {key} has the wrong type ({type(value).__name__})")
+        low, high = _RANGES.get(key, (None, None))
+        if low is not None and not low <= value <= high:
+            raise UsageError(f"{path}: {key} must be between {low:g} and {high:g}, not {value}")
     for name, section in data.get("providers", {}).items():
         if not isinstance(section, dict):
             raise UsageError(f"{path}: [providers.{name}] must be a table")
@@ -104,8 +111,19 @@ def ssh_key() -> tuple[Path, str]:
     """orch's own client key (created 0600 on first use) and its public half."""
     key = key_path()
     if not key.exists():
+        import fcntl
+
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch", "-f", str(key)],
-                       check=True)
-        os.chmod(key, 0o600)
+        lock = os.open(key.parent / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # orch processes meeting a new ORCH_HOME make one key
+            if not key.exists():
+                tmp = key.with_name(f".{key.name}.{os.getpid()}")
+                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch", "-f", str(tmp)],
+                               check=True)
+                os.chmod(tmp, 0o600)
+                os.replace(f"{tmp}.pub", key.parent / "id_ed25519.pub")  # the public half first: a
+                os.replace(tmp, key)  # process that sees the key finds its public half too
+        finally:
+            os.close(lock)
     return key, (key.parent / "id_ed25519.pub").read_text().strip()

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from sqlalchemy import Column, Text, event, text, update
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from orchestrator import states
-from orchestrator.errors import IllegalTransition, UsageError
+from orchestrator.errors import IllegalTransition, OrchError, UsageError
 from migrations import HEAD
 
 
@@ -116,7 +117,7 @@ class Ledger:
         self.url = url
         self.sqlite = url.startswith("sqlite")
         if self.sqlite:
-            path = url.split("///", 1)[1]
+            path = url.split("///", 1)[1] if "///" in url else ""
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 # Created 0600 before SQLite touches it: the ledger says where every machine is.
@@ -126,9 +127,13 @@ class Ledger:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
         else:
-            self.engine = create_engine(url, pool_pre_ping=True)
+            self.engine = _engine(url)
         if upgrade:
-            self.ensure_schema()
+            try:
+                self.ensure_schema()
+            except OperationalError as e:
+                raise OrchError(f"cannot open the ledger at {_shown(url)}: "
+                                f"{' '.join(str(e.orig or e).split())[:300]}") from None
 
     # -- schema ------------------------------------------------------------------------
     def revision(self) -> str | None:
@@ -276,6 +281,24 @@ class Ledger:
             row.value = value
             s.add(row)
             s.commit()
+
+
+def _shown(url: str) -> str:
+    """The URL with its password starred: it goes into error messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _engine(url: str):
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ArgumentError:
+        raise UsageError("the ledger's database URL (ORCH_DATABASE_URL, or database_url in config.toml) is not "
+                         "one SQLAlchemy understands: use e.g. postgresql+psycopg://USER:PASSWORD@HOST/DB") from None
+    except ImportError as e:
+        raise UsageError(f"no database driver for {_shown(url)} ({e.name or e}): for PostgreSQL install "
+                         "orch's postgres extra (psycopg)") from None
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

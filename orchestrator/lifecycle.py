@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from orchestrator import config, states
+from orchestrator import claims, config, states
 from orchestrator.errors import (OrchError, ProviderError, SSHError, StartRefused, UsageError)
 from orchestrator.ledger import Instance, Ledger, database_url
 from orchestrator.provider import GONE, RUNNING, STOPPED, Provider, Remote, Request
@@ -86,30 +86,37 @@ class Orch:
         return self.ledger.transition(inst.id, to, reason=reason, actor=self.actor, **fields)
 
     # -- up ----------------------------------------------------------------------------
+    @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
            policy: str | None = None, after_verify: Callable[[Instance], None] | None = None) -> Instance:
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
-        if self.ledger.by_name(name):
-            raise UsageError(f"an instance named {name!r} already exists (see `orch status {name}`)")
-        _, public_key = config.ssh_key()
-        inst = self.ledger.create_instance(
-            actor=self.actor, name=name, provider=provider_name, label="", gpu=request.gpu,
-            gpus=0 if request.cpu else request.gpus, cpu_only=request.cpu, disk_gb=request.disk_gb,
-            image=request.image, spot=request.spot, bid=request.bid, policy=policy)
-        self.say(f"[1/4] renting on {provider_name} as {inst.label}")
-        kill_point("before-create")
-        remote = self._create(provider, inst, request, public_key)
-        price, stopped = provider.prices(remote)
-        inst = self.move(inst, states.PROVISIONING, f"created {remote.provider_id}",
-                         provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
-                         gpu_name=remote.gpu_name)
-        kill_point("after-create")
+        from orchestrator.reconcile import leftover
+
+        inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left
+        if inst is not None:
+            self.say(f"[1/4] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an interrupted `orch up`")
+        else:
+            _, public_key = config.ssh_key()
+            inst = self.ledger.create_instance(
+                actor=self.actor, name=name, provider=provider_name, label="", gpu=request.gpu,
+                gpus=0 if request.cpu else request.gpus, cpu_only=request.cpu, disk_gb=request.disk_gb,
+                image=request.image, spot=request.spot, bid=request.bid, policy=policy)
+            self.say(f"[1/4] renting on {provider_name} as {inst.label}")
+            kill_point("before-create")
+            remote = self._create(provider, inst, request, public_key)
+            kill_point("create-returned")
+            price, stopped = provider.prices(remote)
+            inst = self.move(inst, states.PROVISIONING, f"created {remote.provider_id}",
+                             provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
+                             gpu_name=remote.gpu_name)
+            kill_point("after-create")
         try:
             timeout = ssh_timeout or float(config.get("ssh_timeout_minutes", 20)) * 60
             self.say(f"[2/4] waiting for SSH (up to {timeout / 60:.0f} min)")
-            remote = provider.wait_ssh(remote.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
+            kill_point("ssh-wait")
+            remote = provider.wait_ssh(inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
             inst = self._endpoint(inst, provider, remote)
             kill_point("ssh-ready")
             self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
@@ -146,7 +153,9 @@ class Orch:
             except ProviderError as lookup:
                 self.ledger.note(inst.id, f"create failed ({_why(e)}) and the lookup failed too "
                                           f"({_why(lookup)}): reconcile will settle it", self.actor)
-                raise
+                raise ProviderError(f"creating {inst.label} failed and {provider.name} could not say whether it "
+                                    f"was made anyway ({_why(lookup)}): run `orch reconcile` once it answers "
+                                    "again") from e
             if found is not None:
                 self.say(f"      the create errored ({_why(e)}) but {found.provider_id} exists: using it")
                 return found
@@ -176,6 +185,7 @@ class Orch:
         return remote.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user or "root", key, inst.host_key, pin)
 
     # -- stop / start / down -----------------------------------------------------------
+    @claims.exclusive
     def stop(self, inst: Instance, reason: str = "stopped by the user") -> Instance:
         provider = self.provider(inst.provider)
         if not provider.capabilities.stop:
@@ -191,6 +201,7 @@ class Orch:
             raise
         return self.move(inst, states.STOPPED, reason)
 
+    @claims.exclusive
     def start(self, inst: Instance, reason: str = "started by the user") -> Instance:
         provider = self.provider(inst.provider)
         if inst.state == states.READY:
@@ -215,6 +226,7 @@ class Orch:
         return self.move(inst, states.READY, reason, price_hr=price or inst.price_hr,
                          stopped_price_hr=stopped or inst.stopped_price_hr)
 
+    @claims.exclusive
     def down(self, inst: Instance, reason: str = "destroyed by the user") -> Instance:
         return self._destroy(self.provider(inst.provider), inst, reason)
 
@@ -234,6 +246,8 @@ class Orch:
     # -- refresh -----------------------------------------------------------------------
     def sync(self, inst: Instance, remote: Remote | None) -> Instance:
         """Bring one ledger row in line with what its provider shows (None: not listed)."""
+        if claims.busy(self.ledger, inst.name):
+            return inst  # another orch process is moving it: what the provider shows is its business
         if remote is None or remote.status == GONE:
             if inst.state == states.DESTROYING:
                 return self.move(inst, states.DESTROYED, "confirmed gone at the provider")

@@ -118,10 +118,19 @@ class Provider:
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
     ssh_user: ClassVar[str] = "root"
+    # Settings that must be numbers, each with its least value: a typo in config.toml is refused
+    # before anything is rented, not found by a crash halfway through.
+    numeric_settings: ClassVar[dict[str, float]] = {}
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         self.settings = settings or {}
         self.home = home
+        for key, least in self.numeric_settings.items():
+            value = self.settings.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not least <= value < float("inf")):
+                raise UsageError(f"[providers.{self.name}] {key} must be a number of at least {least:g}, "
+                                 f"not {value!r}")
 
     # -- the verbs ---------------------------------------------------------------------
     def create(self, request: Request, label: str, public_key: str) -> Remote:
@@ -150,6 +159,11 @@ class Provider:
         return []
 
     # -- shared behaviour --------------------------------------------------------------
+    def configured(self) -> bool:
+        """Whether orch has what it needs to ask this provider anything (its credentials, say);
+        ``orch reconcile`` lists every configured provider. Override where a key is needed."""
+        return True
+
     def validate(self, request: Request) -> None:
         """Refuse what this provider cannot do, before anything is created."""
         caps = self.capabilities

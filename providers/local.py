@@ -41,6 +41,7 @@ def local_gpus() -> list[str]:
 class LocalProvider(Provider):
     name = "local"
     ssh_user = getpass.getuser()
+    numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0}
 
     @cached_property
     def gpus(self) -> list[str]:

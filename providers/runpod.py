@@ -77,6 +77,8 @@ class RunPodProvider(Provider):
     """RunPod GPU and CPU pods. Pods with a network volume cannot be stopped (orch attaches none)."""
 
     name = "runpod"
+    numeric_settings = {"spot_margin": 0, "retries": 1, "retry_base": 0, "poll_interval": 0, "container_disk_gb": 1,
+                        "destroy_timeout": 0}
     capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True,
                                 self_destroy=True, volumes=True, spot_may_disappear=True)
 
@@ -108,6 +110,11 @@ class RunPodProvider(Provider):
     @property
     def _poll(self) -> float:
         return float(self._setting("poll_interval", 2.0))
+
+    def configured(self) -> bool:
+        # The SDK's own credentials file, checked without importing the SDK.
+        return bool(os.environ.get("RUNPOD_API_KEY") or self.settings.get("api_key")
+                    or os.path.exists(os.path.expanduser("~/.runpod/config.toml")))
 
     def _api_key(self, runpod) -> str:
         key = os.environ.get("RUNPOD_API_KEY") or self.settings.get("api_key")  # env beats config.toml
@@ -226,7 +233,7 @@ class RunPodProvider(Provider):
                 except ProviderError as e:
                     raise ProviderError(f"creating {label} failed ({exc}), and listing pods to check "
                                         f"whether it was made anyway failed too ({e}): check the RunPod "
-                                        "console or `orch ls` before retrying") from None
+                                        "console or `orch reconcile` before retrying") from None
                 if found:
                     return found
                 if not isinstance(exc, _Transient) or attempt == self._attempts - 1:

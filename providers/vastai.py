@@ -69,6 +69,9 @@ def vast_gpu_name(name: str) -> str:
 
 class VastAIProvider(Provider):
     name = "vastai"
+    numeric_settings = {"max_price_hr": 0, "min_reliability": 0, "min_inet_down": 0, "min_cuda": 0, "spot_margin": 0,
+                        "retries": 1, "http_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0,
+                        "direct_ssh_grace": 0}
     capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
                                 self_destroy=True, volumes=False)
 
@@ -84,6 +87,11 @@ class VastAIProvider(Provider):
     def _setting(self, key: str, default: float) -> float:
         value = self.settings.get(key)
         return float(default if value is None else value)
+
+    def configured(self) -> bool:
+        # The SDK's own key files, checked without importing the SDK.
+        return bool(os.environ.get("VAST_API_KEY") or self.settings.get("api_key") or any(
+            os.path.exists(os.path.expanduser(p)) for p in ("~/.config/vastai/vast_api_key", "~/.vast_api_key")))
 
     @cached_property
     def _sdk(self):

@@ -1,0 +1,56 @@
+"""``orch reconcile``, and the line ``orch status`` prints about its last run.
+
+This module is imported by every ``orch`` command: it loads nothing heavy at import.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from orchestrator.cli import _emit_json, _orch, app
+
+LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settled", "busy")
+
+
+@app.command()
+def reconcile(as_json: bool = typer.Option(False, "--json", help="The report as JSON.")):
+    """Match the ledger with every provider's own list: adopt strays, mark the lost, settle what
+    an interrupted orch left. A provider whose listing fails is reported and left alone (exit 1)."""
+    from orchestrator import reconcile as rec
+
+    report = rec.reconcile(_orch(actor=rec.ACTOR))
+    if as_json:
+        _emit_json(report.to_dict())
+    else:
+        for p in report.providers:
+            print(f"{p.provider:<10} {_line(p)}")
+    if not report.ok:
+        sys.exit(1)
+
+
+def _line(p) -> str:
+    if p.error:
+        alone = f"; left alone: {', '.join(p.untouched)}" if p.untouched else ""
+        return f"{p.error}{alone}"
+    parts = [f"{k} {', '.join(getattr(p, k))}" for k in LISTS if getattr(p, k)]
+    parts += [f"problem: {x}" for x in p.problems]
+    return f"{p.listed} listed: " + ("; ".join(parts) if parts else "in step with the ledger")
+
+
+def status_note(last_run: str | None, last_report: str | None) -> str:
+    """What ``orch status`` says about reconcile, from the two meta values reconcile writes."""
+    from orchestrator.views import age
+
+    if not last_run:
+        return "reconcile: never run (`orch reconcile` checks the ledger against every provider)"
+    note = f"reconcile: last ran {age(last_run)} ago ({last_run})"
+    try:
+        errors = json.loads(last_report or "{}").get("errors") or {}
+    except (ValueError, AttributeError):
+        errors = {}
+    if errors:
+        note += f"; it could not check {', '.join(sorted(errors))}"
+    return note

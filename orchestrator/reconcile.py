@@ -1,0 +1,311 @@
+"""``orch reconcile``: the ledger against every provider's own list of the instances carrying orch's tag.
+
+What reconcile does with each instance it is not told about by a live orch process (one that
+holds the instance's claim is left alone, see ``claims``):
+
+- listed at the provider, unknown to the ledger (or recorded as ended there): **adopted**, a
+  row written with actor ``reconcile``, from then on subject to the reaper's policies;
+- in the ledger, gone at the provider (asked by id, not just missing from the list): **lost**
+  with the time, or **destroyed** when orch was destroying it;
+- ``requested`` (the create call may have been in flight when orch died): looked up by its label,
+  **found** (recorded, then treated as below) or **failed** with the reason;
+- left half-made by an interrupted ``orch up``: **abandoned** — ``orch up NAME`` resumes it;
+  after the instance's idle minutes (the reaper's own clock) it is destroyed, never left billing;
+- an interrupted stop, start or destroy: settled to what the provider shows, a destroy finished;
+- a provider whose listing fails: **reported and left alone**, never read as an empty fleet.
+
+``reconcile(orch)`` is what the reaper calls at the start of each pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Iterable
+
+from orchestrator import claims, states
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.provider import GONE, PENDING, RUNNING, STOPPED, Provider, Remote, parse_label
+
+ACTOR = "reconcile"
+LAST_RUN = "reconcile:last_run"
+LAST_REPORT = "reconcile:last_report"
+
+
+@dataclass
+class ProviderReport:
+    provider: str
+    listed: int | None = None  # instances carrying orch's tag; None: not listed
+    error: str | None = None  # why the listing failed (everything of this provider left alone)
+    adopted: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    found: list[str] = field(default_factory=list)
+    abandoned: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)  # "name: from -> to" for any other change
+    busy: list[str] = field(default_factory=list)
+    untouched: list[str] = field(default_factory=list)  # left alone because the listing failed
+    problems: list[str] = field(default_factory=list)  # one instance's trouble, the others still done
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.problems
+
+
+@dataclass
+class Report:
+    at: str
+    providers: list[ProviderReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.providers)
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "ok": self.ok, "providers": [dict(asdict(p), ok=p.ok) for p in self.providers]}
+
+    def summary(self) -> dict:
+        return {"at": self.at, "ok": self.ok,
+                "errors": {p.provider: p.error or "; ".join(p.problems) for p in self.providers if not p.ok}}
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt  # SQLite hands back naive UTC
+
+
+def _iso(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _why(e: BaseException) -> str:
+    from orchestrator.lifecycle import _why as why
+
+    return why(e)
+
+
+def configured(orch) -> list[str]:
+    """Providers to ask: every one whose credentials are there, and every one the ledger has live
+    instances on (a missing key is then reported, not taken as "nothing there")."""
+    from orchestrator import plugins
+
+    names = {i.provider for i in orch.ledger.instances(live_only=True)}
+    for name in plugins.providers():
+        try:
+            if orch.provider(name).configured():
+                names.add(name)
+        except OrchError:
+            pass  # a provider that cannot even be set up has nothing orch could have rented
+    return sorted(names)
+
+
+def reconcile(orch, providers: Iterable[str] | None = None) -> Report:
+    """One reconcile pass over ``providers`` (default: ``configured``); records when it ran."""
+    rec = replace(orch, actor=ACTOR)
+    started = _now()
+    report = Report(_iso(started), [_provider(rec, name) for name in (providers or configured(rec))])
+    rec.ledger.set_meta(LAST_RUN, report.at)
+    rec.ledger.set_meta(LAST_REPORT, json.dumps(report.summary()))
+    return report
+
+
+def _provider(orch, name: str) -> ProviderReport:
+    pr = ProviderReport(name)
+    try:
+        provider = orch.provider(name)
+    except OrchError as e:
+        pr.error = _why(e)
+        return pr
+    rows = orch.ledger.instances(live_only=True, provider=name)  # read before the listing
+    try:
+        remotes = provider.list()
+    except Exception as e:  # noqa: BLE001 - whatever broke, a failed listing is never an empty fleet
+        pr.error = f"listing failed: {_why(e)}"
+        pr.untouched = [r.name for r in rows]
+        return pr
+    pr.listed = len(remotes)
+    listed = {r.provider_id: r for r in remotes}
+    for row in rows:
+        try:
+            _settle(orch, provider, row, listed, pr)
+        except Exception as e:  # noqa: BLE001 - one instance's trouble must not stop the others
+            pr.problems.append(f"{row.name}: {_why(e)}")
+    live = orch.ledger.instances(live_only=True, provider=name)
+    # Rows live when the listing was taken were settled above, whatever they are now.
+    known_ids = {i.provider_id for i in [*rows, *live] if i.provider_id}
+    # A live row without a provider id yet is a create in flight (its orch holds the claim).
+    in_flight = {i.label for i in live if not i.provider_id}
+    for remote in remotes:
+        if remote.provider_id in known_ids or remote.label in in_flight:
+            continue
+        try:
+            _adopt(orch, provider, remote, pr)
+        except Exception as e:  # noqa: BLE001
+            pr.problems.append(f"{remote.label}: could not adopt {remote.provider_id}: {_why(e)}")
+    return pr
+
+
+def _settle(orch, provider: Provider, row, listed: dict[str, Remote], pr: ProviderReport) -> None:
+    with claims.try_hold(orch.ledger, row.name) as mine:
+        if not mine:
+            pr.busy.append(row.name)
+            return
+        inst = orch.ledger.get(row.id)
+        if inst.state not in states.LIVE:
+            return
+        if inst.state == states.REQUESTED:
+            inst = settle_requested(orch, provider, inst, pr)
+            if inst.state != states.PROVISIONING:
+                return
+        if inst.provider_id is None:  # a destroy begun before the create was known: it looks by label
+            orch.down(inst, "finishing a destroy that an interrupted orch had begun")
+            pr.destroyed.append(inst.name)
+            return
+        remote = listed.get(inst.provider_id) or provider.get(inst.provider_id)
+        before = inst.state
+        if remote.status == GONE:
+            inst = orch.sync(inst, remote)
+            (pr.destroyed if inst.state == states.DESTROYED else pr.lost).append(inst.name)
+        elif inst.state == states.PROVISIONING:
+            _abandoned(orch, inst, pr)
+        elif inst.state == states.DESTROYING:
+            orch.down(inst, "finishing a destroy that an interrupted orch had begun")
+            pr.destroyed.append(inst.name)
+        elif inst.state in (states.STOPPING, states.STARTING):
+            inst = _interrupted(orch, inst, remote)
+        else:
+            inst = orch.sync(inst, remote)
+        if inst.state != before and inst.state not in states.TERMINAL:
+            pr.settled.append(f"{inst.name}: {before} -> {inst.state}")
+
+
+def settle_requested(orch, provider: Provider, inst, pr: ProviderReport):
+    """A row still ``requested`` whose orch is gone: did its create reach the provider?"""
+    found = provider.find(inst.label)  # raises when the provider cannot say: then nothing is decided
+    if found is None:
+        pr.failed.append(inst.name)
+        return orch.move(inst, states.FAILED, f"never created at {provider.name}: the orch that asked "
+                                              "stopped before its create reached the provider")
+    price, stopped = provider.prices(found)
+    pr.found.append(inst.name)
+    return orch.move(inst, states.PROVISIONING, f"found at {provider.name} as {found.provider_id}: its create "
+                                                "went through after the orch that asked stopped",
+                     provider_id=found.provider_id, price_hr=price, stopped_price_hr=stopped,
+                     gpu_name=found.gpu_name)
+
+
+def _abandoned(orch, inst, pr: ProviderReport) -> None:
+    from orchestrator import policy
+
+    grace_min = policy.of(inst).idle_minutes
+    age_min = (_now() - _utc(inst.updated_at)).total_seconds() / 60
+    if inst.protected or age_min < grace_min:
+        pr.abandoned.append(inst.name)
+        return
+    orch.down(inst, f"left half-made by an interrupted `orch up` {age_min:.0f} min ago and never verified: "
+                    "destroyed so it does not keep billing")
+    pr.destroyed.append(inst.name)
+
+
+def _interrupted(orch, inst, remote: Remote):
+    """A stop or start that its orch did not see through: take what the provider shows."""
+    verb = "stop" if inst.state == states.STOPPING else "start"
+    if remote.status == STOPPED:
+        return orch.move(inst, states.STOPPED, f"the interrupted {verb} left it stopped at the provider")
+    if remote.status == RUNNING:
+        fields = {}
+        if remote.endpoint:
+            fields = dict(ssh_host=remote.endpoint.host, ssh_port=remote.endpoint.port)
+        return orch.move(inst, states.READY, f"the interrupted {verb} left it running at the provider", **fields)
+    return inst  # still moving at the provider: the next pass looks again
+
+
+def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None:
+    from sqlalchemy.exc import IntegrityError
+    from sqlmodel import select
+
+    from orchestrator import plugins
+    from orchestrator.ledger import Event, Instance, new_id
+
+    parsed = parse_label(remote.label)
+    if parsed is None:
+        return
+    label_id, label_name = parsed
+    with claims.try_hold(orch.ledger, f"adopt {provider.name} {remote.provider_id}") as mine:
+        if not mine:
+            pr.busy.append(remote.label)
+            return
+        ledger = orch.ledger
+        with ledger.session() as s:
+            if s.exec(select(Instance).where(Instance.provider == provider.name,
+                                             Instance.provider_id == remote.provider_id,
+                                             Instance.state.in_(states.LIVE))).first():
+                return  # another reconcile adopted it meanwhile
+        remote = provider.get(remote.provider_id)  # the listing may be minutes old by now
+        if remote.status == GONE:
+            return
+        earlier = ledger.get(label_id)
+        iid = label_id if earlier is None else new_id()
+        name = label_name[:64]
+        if ledger.by_name(name) is not None:
+            name = f"{label_name[:50]}-{iid[:6]}"
+        state = {RUNNING: states.READY, PENDING: states.READY,
+                 STOPPED: states.PREEMPTED if remote.spot else states.STOPPED}[remote.status]
+        price, stopped = provider.prices(remote)
+        ep = remote.endpoint
+        vouched = getattr(provider, "host_key", None)
+        inst = Instance(
+            id=iid, name=name, provider=provider.name, provider_id=remote.provider_id, label=remote.label[:128],
+            state=state, gpu=remote.gpu_name and remote.gpu_name[:64], gpus=remote.gpus, cpu_only=remote.gpus == 0,
+            spot=remote.spot, gpu_name=remote.gpu_name and remote.gpu_name[:128], price_hr=price,
+            stopped_price_hr=stopped, ssh_host=ep.host if ep else None, ssh_port=ep.port if ep else None,
+            ssh_user=ep.user if ep else None, host_key=vouched(remote.provider_id) if vouched and ep else None)
+        how = f"though the ledger recorded it {earlier.state}" if earlier else "unknown to this ledger"
+        reason = (f"adopted: {provider.name} shows {remote.provider_id} ({remote.label}, {remote.status}) "
+                  f"carrying orch's tag, {how}")
+        with claims.try_hold(ledger, name) as free:
+            if not free:
+                pr.busy.append(name)
+                return
+            try:
+                with ledger.session() as s:
+                    if s.exec(select(Instance).where(Instance.name == name, Instance.state.in_(states.LIVE))).first():
+                        raise UsageError(f"the name {name!r} was taken meanwhile")
+                    s.add(inst)
+                    s.flush()
+                    s.add(Event(instance_id=iid, from_state=None, to_state=state, reason=reason, actor=ACTOR))
+                    s.commit()
+            except IntegrityError:
+                return  # the same id written by a concurrent reconcile
+    pr.adopted.append(name)
+    plugins.broadcast(ledger.get(iid), {"from": None, "to": state, "reason": reason, "actor": ACTOR,
+                                        "at": _now()})
+
+
+def leftover(orch, name: str, provider_name: str, request):
+    """What an interrupted ``orch up NAME`` left, settled so a new ``orch up NAME`` can finish it:
+    the half-made instance, or None when the name is free. ``up`` calls this holding the name's
+    claim, so no live process is working on what it finds; anything else of that name is refused."""
+    inst = orch.ledger.by_name(name)
+    if inst is None:
+        return None
+    if inst.state not in (states.REQUESTED, states.PROVISIONING):
+        raise UsageError(f"an instance named {name!r} already exists ({inst.state}; see `orch status {name}`)")
+    if (inst.provider, inst.cpu_only) != (provider_name, bool(request.cpu)):
+        raise UsageError(f"an instance named {name!r} already exists ({inst.state} on {inst.provider}"
+                         f"{', CPU only' if inst.cpu_only else ''}, left by an interrupted `orch up`): repeat "
+                         f"that `orch up` to finish it, or `orch down {name}`")
+    provider = orch.provider(provider_name)
+    if inst.state == states.REQUESTED:
+        inst = settle_requested(orch, provider, inst, ProviderReport(provider_name))
+        if inst.state == states.FAILED:
+            return None
+    if provider.get(inst.provider_id).status == GONE:
+        orch.move(inst, states.LOST, f"gone at {provider_name} before `orch up` could finish it")
+        return None
+    return inst

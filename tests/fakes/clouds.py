@@ -1,0 +1,124 @@
+"""What the reconcile, fault, concurrency and secrets tests share: fake clouds configured for the
+``orch`` CLI, instances arranged without provisioning, and the checks a user would make.
+
+    from tests.fakes.clouds import runpod, vast  # noqa: F401  (fixtures)
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator import states
+from tests.conftest import ROOT
+from tests.fakes.runpod_api import FakeRunPod
+from tests.fakes.vast_api import FakeVast
+
+
+def configure(orch_home: Path, provider: str | None = None, settings: dict | None = None, **top) -> None:
+    """Add ``[providers.PROVIDER]`` settings (and top-level ones) to $ORCH_HOME/config.toml."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from orchestrator import config
+
+    path = orch_home / "config.toml"
+    orch_home.mkdir(parents=True, exist_ok=True)
+    data = tomllib.loads(path.read_text()) if path.exists() else {}
+    data.update(top)
+    if provider:
+        data.setdefault("providers", {})[provider] = settings or {}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for name, section in data.get("providers", {}).items():
+        lines += [f"[providers.{name}]"] + [f"{k} = {json.dumps(v)}" for k, v in section.items()]
+    path.write_text("\n".join(lines) + "\n")
+    config._load.cache_clear()
+
+
+@pytest.fixture
+def runpod(orch_home, tmp_path, monkeypatch):
+    """A fake RunPod configured for orch; yields (fake, env for ``run_orch``). Its ports show at once
+    (late ports have their own tests): these tests run many ``orch up``."""
+    with FakeRunPod(tmp_path / "runpod", runtime_delay=0) as fake:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+        configure(orch_home, "runpod", fake.settings(destroy_timeout=5))
+        yield fake, {"RUNPOD_API_BASE_URL": fake.url}
+
+
+@pytest.fixture
+def vast(orch_home, tmp_path, monkeypatch):
+    """A fake Vast.ai configured for orch; yields (fake, env for ``run_orch``)."""
+    with FakeVast(tmp_path, boot_polls=1) as fake:
+        monkeypatch.setenv("VAST_URL", fake.url)
+        configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(), "poll_seconds": 0.05,
+                                        "destroy_timeout": 10})
+        yield fake, {"VAST_URL": fake.url}
+
+
+def orch_proc(*args, env=None) -> subprocess.Popen:
+    """``orch`` started in the background (text stdout/stderr pipes)."""
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", *map(str, args)], cwd=ROOT, text=True,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def open_orch():
+    from orchestrator.lifecycle import Orch
+
+    return Orch.open(say=lambda m: None)
+
+
+def arrange(orch, name: str, provider_name: str = "local", **request):
+    """A ready instance, really running at its provider, without the minutes of provisioning."""
+    from orchestrator import config
+    from orchestrator.provider import Request
+
+    req = Request(name=name, cpu=True, **request) if "gpu" not in request else Request(name=name, **request)
+    provider = orch.provider(provider_name)
+    inst = orch.ledger.create_instance(name=name, provider=provider_name, label="", cpu_only=req.cpu,
+                                       gpus=0 if req.cpu else req.gpus)
+    remote = provider.create(req, inst.label, config.ssh_key()[1])
+    inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
+                     price_hr=provider.prices(remote)[0])
+    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
+
+
+def legal_path(events) -> list[str]:
+    """The states an instance went through; fails unless every step is a transition the lifecycle
+    allows, each starting where the previous one ended (notes stay in place)."""
+    assert events, "no events"
+    first = events[0]
+    assert first.from_state is None and (first.to_state == states.REQUESTED or first.actor == "reconcile"), first
+    path, state = [first.to_state], first.to_state
+    for e in events[1:]:
+        assert e.from_state == state, f"{e.from_state} -> {e.to_state} recorded while the instance was {state}"
+        if e.to_state != e.from_state:
+            assert states.allowed(e.from_state, e.to_state), f"illegal {e.from_state} -> {e.to_state}"
+            path.append(e.to_state)
+            state = e.to_state
+    return path
+
+
+def local_billing(orch_home: Path) -> set[str]:
+    """Labels of the local instances that exist (and would bill)."""
+    root = orch_home / "local"
+    return {d.name for d in root.iterdir()} if root.exists() else set()
+
+
+def wait_for(pred, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

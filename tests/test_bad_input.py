@@ -1,0 +1,247 @@
+"""Bad input, generated (hypothesis): every bad argument or config.toml ends in one clear line and
+exit code 2, never a traceback, and creates nothing.
+
+Most examples call the CLI in this process (``orchestrator.cli.main``, as the ``orch`` script
+does); a sample goes through a real ``orch`` process too."""
+
+import json
+import math
+import os
+import sqlite3
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator import cli, config, dataset
+from orchestrator.lifecycle import NAME
+from orchestrator.policy import ON_IDLE
+from tests.conftest import run_orch
+
+EXAMPLES = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROVIDERS = ("local", "runpod", "vastai")
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return str(dataset.synth(tmp_path_factory.mktemp("bad") / "ds", n_train=2, n_val=1))
+
+
+def orch(monkeypatch, capsys, *args):
+    """``orch ARGS`` in this process: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["orch", *args])
+    config._load.cache_clear()
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(code, err, needle=""):
+    assert "Traceback" not in err and "internal error" not in err, err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("orch: error: "), err
+    assert needle in lines[0], (needle, err)
+
+
+def nothing_created(orch_home):
+    local = orch_home / "local"
+    assert not local.exists() or not any(local.iterdir()), "a local instance was created"
+    db = orch_home / "ledger.db"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM instances").fetchone()[0] == 0, "a ledger row was written"
+
+
+# -- what bad looks like --------------------------------------------------------------------------------
+bad_names = st.text(max_size=60).filter(lambda s: not NAME.match(s) and "\x00" not in s)
+not_a_number = st.text(min_size=1, max_size=12).filter(
+    lambda s: "\x00" not in s and not _number(s) and not s.startswith("-"))
+nan_or_inf = st.sampled_from(["nan", "inf", "-inf", "NaN"])
+
+
+def _number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def outside(low, high, integers=True):
+    """Numbers (as the user would type them) outside [low, high]."""
+    if integers:
+        return st.one_of(st.integers(max_value=low - 1), st.integers(min_value=high + 1)).map(str)
+    return st.one_of(st.floats(max_value=low, exclude_max=True), st.floats(min_value=high, exclude_min=True),
+                     nan_or_inf).map(str)
+
+
+# (option, bad values, needs --data, what the one line names)
+NUMBERS = [
+    ("--disk", outside(1, 20_000), False, "--disk"),
+    ("--gpus", outside(1, 16), False, "--gpus"),
+    ("--bid", st.one_of(st.floats(max_value=0), st.floats(min_value=1000), nan_or_inf).map(str), False, "--bid"),
+    ("--idle-minutes", st.one_of(st.floats(max_value=0), st.floats(min_value=100_000, exclude_min=True),
+                                 nan_or_inf).map(str), False, "--idle-minutes"),
+    ("--max-hours", outside(0, 100_000, integers=False), False, "--max-hours"),
+    ("--rebuild-cost", st.one_of(st.floats(max_value=0, exclude_max=True), st.floats(min_value=1e6),
+                                 nan_or_inf).map(str), False, "--rebuild-cost"),
+    ("--ssh-timeout", st.one_of(st.floats(max_value=0), st.floats(min_value=1440, exclude_min=True),
+                                nan_or_inf).map(str), False, "--ssh-timeout"),
+    ("--on-idle", st.text(max_size=12).filter(lambda s: s not in ON_IDLE and "\x00" not in s), False, "--on-idle"),
+    ("--epochs", outside(1, 100_000), True, "--epochs"),
+    ("--imgsz", outside(32, 8192), True, "--imgsz"),
+    ("--batch", st.one_of(st.just(0), st.integers(max_value=-2)).map(str), True, "--batch"),
+    ("--save-period", st.integers(max_value=0).map(str), True, "--save-period"),
+]
+INTEGER_OPTIONS = ("--disk", "--gpus", "--epochs", "--imgsz", "--batch", "--save-period")
+
+
+@st.composite
+def bad_numbers(draw):
+    option, values, data, needle = draw(st.sampled_from(NUMBERS))
+    if draw(st.booleans()) and option != "--on-idle":
+        value = draw(not_a_number)  # not a number at all: the parser says which option
+        needle = f"'{option}'"
+    else:
+        value = draw(values)
+    return option, value, data, needle
+
+
+# -- the properties -------------------------------------------------------------------------------------
+@EXAMPLES
+@given(name=bad_names)
+def test_bad_names_are_refused(orch_home, monkeypatch, capsys, name):
+    code, _, err = orch(monkeypatch, capsys, "up", "--cpu", "--", name)
+    refused(code, err, "invalid name")
+    nothing_created(orch_home)
+
+
+@EXAMPLES
+@given(case=bad_numbers())
+def test_bad_numbers_are_refused(orch_home, monkeypatch, capsys, ds, case):
+    option, value, data, needle = case
+    code, _, err = orch(monkeypatch, capsys, "up", "numbers", "--cpu", f"{option}={value}",
+                        *(["--data", ds] if data else []))
+    refused(code, err, needle)
+    nothing_created(orch_home)
+
+
+@EXAMPLES
+@given(provider=st.text(max_size=20).filter(lambda s: s not in PROVIDERS and "\x00" not in s))
+def test_unknown_providers_are_refused(orch_home, monkeypatch, capsys, provider):
+    code, _, err = orch(monkeypatch, capsys, "up", "prov", "--cpu", f"--provider={provider}")
+    refused(code, err, "unknown provider")
+    nothing_created(orch_home)
+
+
+odd = st.text(min_size=1, max_size=30).filter(lambda s: "\x00" not in s and s.strip())
+
+
+@EXAMPLES
+@given(case=st.one_of(
+    st.tuples(st.just("--gpu"), odd, st.just("exclude")),  # with --cpu: never a valid pair
+    st.tuples(st.just("--train-arg"), odd.filter(lambda s: "=" not in s), st.just("--train-arg")),
+    st.tuples(st.just("--push-to"), odd.filter(lambda s: not s.startswith("hf://")), st.just("--push-to")),
+    st.tuples(st.just("--data"), odd.filter(lambda s: not s.startswith("hf://") and not os.path.exists(s)),
+              st.just("")),
+))
+def test_odd_strings_are_refused(orch_home, monkeypatch, capsys, ds, case):
+    option, value, needle = case
+    data = ["--data", ds] if option in ("--train-arg", "--push-to") else []
+    code, _, err = orch(monkeypatch, capsys, "up", "strings", "--cpu", f"{option}={value}", *data)
+    refused(code, err, needle)
+    nothing_created(orch_home)
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(v, ensure_ascii=False)
+
+
+scalars = st.one_of(st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=12), st.lists(st.integers(), max_size=3))
+top_keys = st.sampled_from(["default_provider", "ssh_timeout_minutes", "offers_cache_seconds", "database_url",
+                            "spot_margin", "no_such_key"])
+policy_keys = st.sampled_from(["idle_minutes", "on_idle", "max_hours", "rebuild_cost", "bogus"])
+local_keys = st.sampled_from(["price_per_hour", "stopped_price_per_hour"])
+
+
+@st.composite
+def configs(draw):
+    """A config.toml: any text at all, or settings orch knows with values of every kind."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.text(max_size=80))
+    lines = [f"{k} = {toml_value(draw(scalars))}" for k in draw(st.lists(top_keys, max_size=3, unique=True))]
+    if draw(st.booleans()):
+        lines.append("[policy]")
+        lines += [f"{k} = {toml_value(draw(scalars))}" for k in draw(st.lists(policy_keys, max_size=2, unique=True))]
+    if draw(st.booleans()):
+        lines.append("[providers.local]")
+        lines += [f"{k} = {toml_value(draw(scalars))}" for k in draw(st.lists(local_keys, max_size=2, unique=True))]
+    return "\n".join(lines) + "\n"
+
+
+@EXAMPLES
+@given(text=configs())
+def test_any_config_toml_is_read_or_refused_in_one_line(orch_home, monkeypatch, capsys, text):
+    orch_home.mkdir(parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text(text)
+    code, _, err = orch(monkeypatch, capsys, "status")
+    assert "Traceback" not in err and "internal error" not in err, (text, err)
+    assert code in (0, 2), (text, err)
+    if code == 2:
+        refused(code, err)
+    nothing_created(orch_home)
+
+
+# A config.toml sure to be wrong for `orch up` (each a value orch must refuse before renting).
+wrong_for_up = st.one_of(
+    st.tuples(st.just("ssh_timeout_minutes"), st.one_of(st.floats(max_value=0.04), st.floats(min_value=1441),
+                                                        st.text(max_size=5), st.booleans())),
+    st.tuples(st.just("spot_margin"), st.one_of(st.floats(max_value=0, exclude_max=True), st.floats(min_value=11))),
+    st.tuples(st.just("default_provider"), st.text(max_size=10).filter(lambda s: s not in PROVIDERS)),
+    st.tuples(st.just("database_url"), st.text(min_size=1, max_size=20).filter(lambda s: "://" not in s)),
+    st.tuples(st.just("[policy] idle_minutes"), st.one_of(st.floats(max_value=0), st.floats(min_value=100_001))),
+    st.tuples(st.just("[policy] on_idle"), st.text(max_size=10).filter(lambda s: s not in ON_IDLE)),
+    st.tuples(st.just("[providers.local] price_per_hour"), st.one_of(
+        st.floats(max_value=0, exclude_max=True), st.just(float("nan")), st.text(max_size=5), st.booleans())),
+)
+
+
+def wrong_config(key: str, value) -> str:
+    section, _, key = key.rpartition(" ")
+    return f"{section}\n{key} = {toml_value(value)}\n"
+
+
+@EXAMPLES
+@given(case=wrong_for_up)
+def test_a_wrong_config_creates_nothing(orch_home, monkeypatch, capsys, case):
+    orch_home.mkdir(parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text(wrong_config(*case))
+    code, _, err = orch(monkeypatch, capsys, "up", "cfg", "--cpu")
+    refused(code, err)
+    nothing_created(orch_home)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.one_of(
+    bad_names.map(lambda n: ["up", "--cpu", "--", n]),
+    bad_numbers().filter(lambda c: not c[2]).map(lambda c: ["up", "real", "--cpu", f"{c[0]}={c[1]}"]),
+    st.text(min_size=1, max_size=10).filter(lambda s: s not in PROVIDERS and "\x00" not in s)
+      .map(lambda p: ["up", "real", "--cpu", f"--provider={p}"]),
+))
+def test_a_real_orch_process_refuses_the_same_way(orch_home, args):
+    proc = run_orch(*args)
+    refused(proc.returncode, proc.stderr)
+    nothing_created(orch_home)

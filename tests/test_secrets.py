@@ -1,0 +1,127 @@
+"""Secrets stay secret: provider keys, HF_TOKEN and orch's private key appear in no ledger, log,
+event, ``--json`` output or command line, on this machine or the instance, while real jobs run."""
+
+import getpass
+import json
+import secrets
+import subprocess
+import threading
+
+import pytest
+
+from orchestrator import dataset
+from tests.conftest import needs_torch, run_orch
+from tests.fakes.clouds import configure, local_billing, orch_proc
+from tests.fakes.runpod_api import FakeRunPod
+from tests.fakes.vast_api import FakeVast
+from tests.postgres import PASSWORD, pg_server, pg_url  # noqa: F401
+
+
+class CommandLines:
+    """Every command line on this machine (the instances' too: local and fake ones live here)."""
+
+    def __init__(self):
+        self.seen, self.stop = set(), threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self.stop.is_set():
+            out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+            self.seen.update(out.splitlines())
+            self.stop.wait(0.1)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def leaks(text: str, secret_values: dict[str, str]) -> list[str]:
+    return [what for what, value in secret_values.items() if value in text]
+
+
+def scan_tree(root, secret_values, skip=()) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and path not in skip:
+            text = path.read_bytes().decode("latin-1")
+            found += [f"{path}: {what}" for what in leaks(text, secret_values)]
+    return found
+
+
+@needs_torch
+@pytest.mark.training
+def test_secrets_never_reach_the_ledger_logs_json_or_a_command_line(orch_home, tmp_path, monkeypatch):
+    hf_token = "hf_" + secrets.token_hex(16)
+    with FakeRunPod(tmp_path / "runpod") as rp, FakeVast(tmp_path) as vast:
+        settings = rp.settings()
+        settings.pop("api_key")  # keys from the environment: config.toml holds none to excuse
+        configure(orch_home, "runpod", settings)
+        configure(orch_home, "vastai", {"ssh_user": getpass.getuser(), "poll_seconds": 0.05})
+        env = {"HF_TOKEN": hf_token, "RUNPOD_API_KEY": rp.key, "RUNPOD_API_BASE_URL": rp.url,
+               "VAST_API_KEY": vast.key, "VAST_URL": vast.url}
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", rp.url)
+        data = ["--data", dataset.synth(tmp_path / "ds", n_train=4, n_val=2), "--epochs", "3", "--imgsz", "64",
+                "--batch", "2", "--train-arg", "workers=0", "--json"]
+        outputs = []
+        with CommandLines() as ps:
+            jobs = {"sl": orch_proc("up", "sl", "--cpu", *data, env=env),
+                    "sr": orch_proc("up", "sr", "--provider", "runpod", "--cpu", *data, env=env)}
+            gpu = run_orch("up", "sv", "--provider", "vastai", "--gpu", "RTX 4090", "--json", env=env)
+            outputs.append(gpu.stdout + gpu.stderr)
+            for name, job in jobs.items():
+                out, err = job.communicate(timeout=600)
+                outputs.append(out + err)
+                assert job.returncode == 0, err
+                assert json.loads(out)["run"]["state"] in ("starting", "running")
+            reads = [orch_proc(*args, env=env) for args in (
+                ["status", "sl", "--json"], ["status", "sr", "--json"], ["logs", "sl"], ["logs", "sr"],
+                ["status", "--json", "--all"], ["reconcile", "--json"], ["pull", "sl"])]
+            for proc in reads:
+                outputs.append("".join(proc.communicate(timeout=120)))
+                assert proc.returncode == 0, outputs[-1]
+            on_instances = scan_tree(orch_home / "local", {"HF_TOKEN": hf_token}) + \
+                scan_tree(tmp_path / "runpod", {"HF_TOKEN": hf_token})
+            downs = [orch_proc("down", name, env=env) for name in jobs]
+            for proc in downs:
+                outputs.append("".join(proc.communicate(timeout=120)))
+                assert proc.returncode == 0, outputs[-1]
+        pod_keys = {f"pod key {p.id}": p.key for p in rp.pods.values()}
+        container_keys = {f"container key {i}": vast.container_key(i) for i in vast.instances}
+
+    key_file = orch_home / "keys" / "id_ed25519"
+    body = [line for line in key_file.read_text().splitlines() if line and "PRIVATE KEY" not in line]
+    secret_values = {"HF_TOKEN": hf_token, "RunPod key": rp.key, "Vast key": vast.key, **pod_keys, **container_keys,
+                     **{f"private key line {i}": line for i, line in enumerate(body)}}
+    assert len(body) >= 3 and pod_keys and container_keys
+
+    problems = scan_tree(orch_home, secret_values, skip={key_file})
+    problems += [f"CLI output: {w}" for text in outputs for w in leaks(text, secret_values)]
+    problems += [f"command line {line[:120]!r}: {w}" for line in ps.seen for w in leaks(line, secret_values)]
+    problems += on_instances
+    assert problems == [], problems
+    assert len(ps.seen) > 50, "the command lines were not sampled"
+    assert any("train_entry.py" in line for line in ps.seen), "no training ran while the command lines were read"
+
+    ledger = orch_home / "ledger.db"
+    for path in (ledger, ledger.with_name("ledger.db-wal"), ledger.with_name("ledger.db-shm"), key_file):
+        if path.exists():
+            assert path.stat().st_mode & 0o777 == 0o600, path
+    for folder in (orch_home / "keys", orch_home / "locks"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert local_billing(orch_home) == set()
+
+
+def test_the_ledger_password_is_never_shown(pg_url, orch_home, monkeypatch):
+    for args in (["status"], ["reconcile", "--json"], ["db", "upgrade"], ["status", "nosuch"]):
+        proc = run_orch(*args)
+        assert PASSWORD not in proc.stdout + proc.stderr
+    unreachable = pg_url.rsplit("@", 1)[0] + "@127.0.0.1:9/nowhere"
+    proc = run_orch("status", env={"ORCH_DATABASE_URL": unreachable})
+    assert proc.returncode == 1 and PASSWORD not in proc.stdout + proc.stderr
+    assert proc.stderr.startswith("orch: error: cannot open the ledger at ") and "***" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not any(PASSWORD in p.read_text(errors="replace") for p in orch_home.rglob("*") if p.is_file())
