@@ -223,8 +223,12 @@ class Orch:
 
             r.run(c, "true")
         price, stopped = provider.prices(remote)
-        return self.move(inst, states.READY, reason, price_hr=price or inst.price_hr,
+        inst = self.move(inst, states.READY, reason, price_hr=price or inst.price_hr,
                          stopped_price_hr=stopped or inst.stopped_price_hr)
+        from orchestrator import reaper
+
+        reaper.rearm(self, inst)  # a stop ended the watchdog with everything else on the instance
+        return inst
 
     @claims.exclusive
     def down(self, inst: Instance, reason: str = "destroyed by the user") -> Instance:

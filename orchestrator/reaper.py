@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from orchestrator import policy as policies
 from orchestrator import states
-from orchestrator.errors import OrchError, SSHError
+from orchestrator.errors import HostKeyMismatch, OrchError, SSHError
 
 ACTOR, WATCHDOG = "reaper", "watchdog"
 KEEP, STOP, DESTROY, REPORT = "keep", "stop", "destroy", "report"
@@ -472,6 +472,18 @@ def read_state(orch, inst) -> dict | None:
             return None
 
 
+def rearm(orch, inst) -> bool:
+    """After a start: learn what the last watchdog did (its state file survives the stop), then
+    start a fresh one, which begins a new state file."""
+    try:
+        learn(orch, inst, read_state(orch, inst))
+    except HostKeyMismatch:
+        raise
+    except OrchError:
+        pass
+    return arm(orch, inst)
+
+
 def observe(orch, inst):
     """``Orch.refresh`` for ``orch status NAME``, plus what the watchdog did since the last look."""
     if inst.provider_id is None or inst.state not in states.LIVE:
@@ -480,6 +492,8 @@ def observe(orch, inst):
     if inst.state == states.READY:
         try:
             learn(orch, inst, read_state(orch, inst))
+        except HostKeyMismatch:
+            raise  # possible interception: a refusal, never something to pass over
         except OrchError:
             pass  # unreachable: the caller reports that when it reads the run
     return inst
