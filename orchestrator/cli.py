@@ -160,17 +160,9 @@ def status(
 ):
     """The fleet from the ledger, or one instance in detail."""
     if name is None:
-        rows = _fast_rows(all_)
-        if rows is None:
-            from orchestrator.views import model_dict
+        from orchestrator import fleet
 
-            orch = _orch()
-            rows = [model_dict(i) for i in orch.ledger.instances(live_only=not all_)]
-        if as_json:
-            _emit_json(rows)
-        else:
-            _fleet_table(rows)
-            print(_reconcile_note())
+        fleet.show(all_, as_json)
         return
     from orchestrator.views import iso, model_dict
 
@@ -224,45 +216,6 @@ def _run_view(orch, inst, run) -> dict:
         _say(f"orch: warning: could not read the run on {inst.name}: {e}")
         return run_dict(run)
     return run_dict(orch.ledger.update_run(run.id), view)
-
-
-def _fast_rows(include_ended: bool):
-    from migrations import HEAD
-    from orchestrator import config
-    from orchestrator.views import fast_list
-
-    if config.get("database_url"):
-        return None
-    return fast_list(config.home() / "ledger.db", HEAD, include_ended)
-
-
-def _reconcile_note() -> str:
-    from orchestrator import config
-    from orchestrator.cli_reconcile import status_note
-    from orchestrator.views import fast_meta
-
-    keys = ("reconcile:last_run", "reconcile:last_report")
-    meta = None if config.get("database_url") else fast_meta(config.home() / "ledger.db", keys)
-    if meta is None:
-        ledger = _orch().ledger
-        meta = {k: ledger.get_meta(k) for k in keys}
-    return status_note(*(meta.get(k) for k in keys))
-
-
-def _fleet_table(rows) -> None:
-    """Plain aligned columns: Rich's Table takes most of a second for a thousand rows."""
-    from orchestrator.views import age
-
-    if not rows:
-        print("no instances (start one with `orch up NAME`)")
-        return
-    table = [("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE")]
-    for r in rows:
-        gpu = "cpu" if r["cpu_only"] else f"{r['gpus']}x {r['gpu_name'] or r['gpu'] or '?'}"
-        table.append((r["name"], r["provider"], r["state"], gpu, f"{r['price_hr']:.3f}", r["ssh"] or "-",
-                      age(r["created_at"])))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    sys.stdout.write("".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in table))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

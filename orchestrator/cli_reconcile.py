@@ -39,18 +39,3 @@ def _line(p) -> str:
     parts += [f"problem: {x}" for x in p.problems]
     return f"{p.listed} listed: " + ("; ".join(parts) if parts else "in step with the ledger")
 
-
-def status_note(last_run: str | None, last_report: str | None) -> str:
-    """What ``orch status`` says about reconcile, from the two meta values reconcile writes."""
-    from orchestrator.views import age
-
-    if not last_run:
-        return "reconcile: never run (`orch reconcile` checks the ledger against every provider)"
-    note = f"reconcile: last ran {age(last_run)} ago ({last_run})"
-    try:
-        errors = json.loads(last_report or "{}").get("errors") or {}
-    except (ValueError, AttributeError):
-        errors = {}
-    if errors:
-        note += f"; it could not check {', '.join(sorted(errors))}"
-    return note

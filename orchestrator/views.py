@@ -43,10 +43,11 @@ def iso(v) -> str | None:
     return v.replace(" ", "T")[:19] + "Z"
 
 
-def fast_list(db: Path, head: str, include_ended: bool) -> list[dict] | None:
-    """Instances straight from SQLite with the standard library (SQLAlchemy alone takes 0.2 s to
-    import); None when the database is missing or not at the schema head, so the caller opens
-    the ledger properly (which migrates it)."""
+def fast_read(db: Path, head: str, include_ended: bool, meta_keys: tuple[str, ...]
+              ) -> tuple[list[dict], dict[str, str]] | None:
+    """Instances and meta values straight from SQLite with the standard library; None when the
+    database is missing or not at the schema head, so the caller opens the ledger properly
+    (which migrates it)."""
     if not db.exists() or os.environ.get("ORCH_DATABASE_URL"):
         return None
     try:
@@ -61,25 +62,10 @@ def fast_list(db: Path, head: str, include_ended: bool) -> list[dict] | None:
         if not include_ended:
             q += f" WHERE state IN ({', '.join('?' * len(LIVE))})"
         rows = conn.execute(q + " ORDER BY created_at", () if include_ended else LIVE).fetchall()
-        return [instance_dict(row.__getitem__) for row in rows]
+        meta = conn.execute(f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(meta_keys))})",
+                            meta_keys).fetchall()
+        return [instance_dict(row.__getitem__) for row in rows], {k: v for k, v in meta}
     except (sqlite3.Error, TypeError):
-        return None
-    finally:
-        conn.close()
-
-
-def fast_meta(db: Path, keys: tuple[str, ...]) -> dict[str, str] | None:
-    """Values from the ledger's meta table, read the way ``fast_list`` reads instances."""
-    if not db.exists() or os.environ.get("ORCH_DATABASE_URL"):
-        return None
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
-    except sqlite3.Error:
-        return None
-    try:
-        rows = conn.execute(f"SELECT key, value FROM meta WHERE key IN ({', '.join('?' * len(keys))})", keys)
-        return dict(rows.fetchall())
-    except sqlite3.Error:
         return None
     finally:
         conn.close()
