@@ -53,9 +53,6 @@ DEFAULT_SPOT_MARGIN = 0.05
 DDP_EFFICIENCY = 0.85
 TRIAL_KEY = "orch_trial"
 
-# Providers whose offer prices leave the disk out (RunPod: "$0.10/GB-month while running" on top).
-DISK_LEFT_OUT = {"runpod"}
-
 # Environment that changes what a provider answers (its endpoint, its account): part of the cache key.
 ANSWER_ENV = ("RUNPOD_API_BASE_URL", "RUNPOD_API_KEY", "VAST_URL", "VAST_API_KEY")
 
@@ -312,7 +309,7 @@ def _write_cache(path: Path, offers: list[Offer]) -> None:
 # -- one row per offer -------------------------------------------------------------------------
 def _row(offer: Offer, disk_gb: int) -> Row:
     disk_hr = disk_gb * (offer.disk_gb_month or 0.0) / HOURS_PER_MONTH
-    add = disk_hr if offer.provider in DISK_LEFT_OUT else 0.0
+    add = 0.0 if offer.disk_included else disk_hr
     stopped = offer.raw.get("stopped_hr")
     if stopped is None:
         per_gb = offer.raw.get("disk_gb_month_stopped", offer.disk_gb_month)

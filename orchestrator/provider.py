@@ -101,11 +101,14 @@ class Offer:
     gpus: int
     vram_gb: float
     price_hr: float | None  # on-demand, whole machine
-    spot_hr: float | None = None  # live minimum bid, whole machine, disk included
+    spot_hr: float | None = None  # live minimum bid, whole machine
     disk_gb_month: float | None = None
     reliability: float | None = None
     location: str | None = None
     stock: str | None = None
+    # Whether price_hr / spot_hr already count the requested disk (Vast.ai) or leave it to be added
+    # at disk_gb_month (RunPod bills its volume on top).
+    disk_included: bool = True
     raw: dict[str, Any] = field(default_factory=dict)
 
 

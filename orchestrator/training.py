@@ -242,7 +242,9 @@ def digest(orch, run, raw: dict) -> dict:
         elif raw.get("moved_s") and raw["moved_s"] > STALL_SECONDS:
             state = "stalled"
     view = {
-        "state": state, "epoch": st.get("current_epoch") or st.get("completed_epochs"),
+        # A finished (possibly resumed) run reports epochs done in its last session, from start_epoch.
+        "state": state, "epoch": st.get("current_epoch") or (
+            (st.get("start_epoch") or 1) - 1 + st["completed_epochs"] if st.get("completed_epochs") else None),
         "epochs": st.get("total_epochs") or run.epochs, "completed_epochs": st.get("completed_epochs"),
         "eta_seconds": st.get("eta_seconds"), "loss": st.get("train_loss"),
         "best_metric": st.get("best_metric"), "best_metric_name": st.get("best_metric_name"),

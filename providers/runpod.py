@@ -404,7 +404,7 @@ class RunPodProvider(Provider):
                 provider=self.name, offer_id=t["id"], gpu_name=t.get("displayName") or t["id"], gpus=n,
                 vram_gb=float(t.get("memoryInGb") or 0), price_hr=per_gpu * n if per_gpu else None,
                 spot_hr=bid * n if bid else None, disk_gb_month=VOLUME_RUNNING_GB_MONTH,
-                stock=low.get("stockStatus"),
+                stock=low.get("stockStatus"), disk_included=False,
                 raw={**t, "disk_gb_month_stopped": VOLUME_STOPPED_GB_MONTH},
             ))
         return offers
