@@ -186,15 +186,16 @@ class Provider:
 
     def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
                  interval: float = 2.0) -> Remote:
-        """Poll until the provider shows an SSH endpoint that accepts TCP, bounded."""
+        """Poll until the provider shows an SSH endpoint that answers, bounded."""
         deadline = time.monotonic() + timeout
         last = None
         while True:
             remote = self.get(provider_id)
             if remote.status == GONE:
                 raise SSHError(f"{self.name} instance {provider_id} disappeared while waiting for SSH")
-            if remote.endpoint and tcp_open(remote.endpoint):
-                return remote
+            answering = self.reachable(remote, progress)
+            if answering is not None:
+                return answering
             note = f"waiting for SSH ({remote.status})"
             if progress and note != last:
                 progress(note)
@@ -202,6 +203,11 @@ class Provider:
             if time.monotonic() >= deadline:
                 raise SSHError(f"SSH on {self.name} instance {provider_id} did not answer within {timeout:.0f} s")
             time.sleep(interval)
+
+    def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
+        """The instance with an endpoint that answers now, else None. A provider with more than
+        one route to its instances (Vast.ai's direct port and proxy) chooses here."""
+        return remote if remote.endpoint and tcp_open(remote.endpoint) else None
 
     def prices(self, remote: Remote) -> tuple[float, float]:
         """(running $/hr, stopped $/hr for the disk it keeps)."""

@@ -79,6 +79,7 @@ class VastAIProvider(Provider):
         super().__init__(settings, home)
         # Instances whose direct SSH route never answered, so their endpoint is Vast's proxy.
         self._via_proxy: set[str] = set()
+        self._running_since: dict[str, float] = {}  # when a wait first saw the instance running
 
     @property
     def ssh_user(self) -> str:  # type: ignore[override]
@@ -318,33 +319,25 @@ class VastAIProvider(Provider):
 
     def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
                  interval: float = 2.0) -> Remote:
+        self._running_since.pop(provider_id, None)  # the direct route's grace starts afresh each wait
+        return super().wait_ssh(provider_id, timeout, progress, interval)
+
+    def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
         """The direct route when it answers; Vast's proxy only once the direct one has had its chance."""
-        deadline = time.monotonic() + timeout
-        grace = self._setting("direct_ssh_grace", 30)
-        running_since, last = None, None
-        while True:
-            remote = self.get(provider_id)
-            if remote.status == GONE:
-                raise SSHError(f"Vast.ai instance {provider_id} disappeared while waiting for SSH")
-            if remote.status == RUNNING:
-                now = time.monotonic()
-                running_since = running_since or now
-                direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
-                if direct and tcp_open(direct):
-                    self._via_proxy.discard(provider_id)
-                    return replace(remote, endpoint=direct)
-                if proxy and (not direct or now - running_since >= grace) and tcp_open(proxy):
-                    self._via_proxy.add(provider_id)
-                    if progress:
-                        progress("the direct SSH route does not answer: using Vast.ai's SSH proxy")
-                    return replace(remote, endpoint=proxy)
-            note = f"waiting for SSH ({remote.status})"
-            if progress and note != last:
-                progress(note)
-                last = note
-            if time.monotonic() >= deadline:
-                raise SSHError(f"SSH on Vast.ai instance {provider_id} did not answer within {timeout:.0f} s")
-            time.sleep(interval)
+        if remote.status != RUNNING:
+            return None
+        now = time.monotonic()
+        since = self._running_since.setdefault(remote.provider_id, now)
+        direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
+        if direct and tcp_open(direct):
+            self._via_proxy.discard(remote.provider_id)
+            return replace(remote, endpoint=direct)
+        if proxy and (not direct or now - since >= self._setting("direct_ssh_grace", 30)) and tcp_open(proxy):
+            self._via_proxy.add(remote.provider_id)
+            if progress:
+                progress("the direct SSH route does not answer: using Vast.ai's SSH proxy")
+            return replace(remote, endpoint=proxy)
+        return None
 
     def _remote(self, row: dict) -> Remote:
         status = _STATES.get(row.get("actual_status"), PENDING)

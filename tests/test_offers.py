@@ -14,7 +14,7 @@ from bench.offers import DelayedRunPod, DelayedVast, config_toml
 from orchestrator import gpus, offers
 from orchestrator.provider import HOURS_PER_MONTH
 from tests.conftest import needs_torch, run_orch
-from tests.fakes.runpod_api import FakeRunPod, parse
+from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast, _offer
 
 HF_DATA = "hf://acme/birds/birds.tar"  # a dataset named, not fetched: estimates only match on it
@@ -52,17 +52,6 @@ def _open():
 def search(**query):
     job = query.pop("job", None)
     return offers.search(_open(), offers.Query(**query), job)
-
-
-def rp_inputs(fake, mutation: str) -> list[dict]:
-    found = []
-    for q in fake.queries:
-        try:
-            op, fields = parse(q)
-        except Exception:  # noqa: BLE001 - not every recorded query needs to parse
-            continue
-        found += [f.args["input"] for f in fields if op == "mutation" and f.name == mutation]
-    return found
 
 
 # -- names and units ---------------------------------------------------------------------------
@@ -292,7 +281,7 @@ def test_cheapest_launches_the_offer_it_showed(fakes, orch_home, ledger, provide
     assert inst.state == "destroyed" and inst.provider == provider
     assert inst.gpu == top["gpu_name"] and gpus.canonical(inst.gpu_name) == top["gpu"]
     if provider == "runpod":
-        [sent] = rp_inputs(runpod, "podFindAndDeployOnDemand")
+        [sent] = runpod.inputs("podFindAndDeployOnDemand")
         assert sent["gpuTypeId"] == top["offer_id"] and runpod.live() == []
     else:
         [create] = vast.calls("PUT", r"^/api/v0/asks/\d+/$")
@@ -307,7 +296,7 @@ def test_cheapest_spot_bids_the_live_price_plus_the_margin(fakes, orch_home, led
     runpod.gpu("NVIDIA GeForce RTX 3090")["minimumBidPrice"] = 0.13  # ...then the market moves
     proc = run_orch("up", "box", "--provider", "runpod", "--cheapest", "--spot", "--ssh-timeout", "1")
     assert "cheapest: runpod RTX 3090 x1" in proc.stderr and "spot" in proc.stderr
-    [sent] = rp_inputs(runpod, "podRentInterruptable")
+    [sent] = runpod.inputs("podRentInterruptable")
     assert sent["gpuTypeId"] == "NVIDIA GeForce RTX 3090"
     assert sent["bidPerGpu"] == pytest.approx(math.ceil(0.13 * 1.1 * 1000 - 1e-6) / 1000)  # live, not cached
     assert ledger.by_name("box", live_only=False).state == "destroyed" and runpod.live() == []

@@ -43,18 +43,6 @@ def _shell(remote, key_path: Path, command: str) -> str:
         conn.close()
 
 
-def _inputs(fake, mutation: str) -> list[dict]:
-    """The ``input`` of every ``mutation`` the fake received, decoded as RunPod decodes it."""
-    found = []
-    for q in fake.queries:
-        try:
-            op, fields = parse(q)
-        except Exception:  # noqa: BLE001 - not every recorded query needs to parse
-            continue
-        found += [f.args["input"] for f in fields if op == "mutation" and f.name == mutation]
-    return found
-
-
 def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     key_path, public_key = key
     created = provider.create(Request(name="train", gpu="RTX 4090", disk_gb=30), _label(), public_key)
@@ -63,7 +51,7 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert created.price_hr == pytest.approx(0.34)
     assert created.stopped_price_hr == pytest.approx(30 * 0.20 / 730)
 
-    sent = _inputs(fake_runpod, "podFindAndDeployOnDemand")[0]
+    sent = fake_runpod.inputs("podFindAndDeployOnDemand")[0]
     assert sent["gpuTypeId"] == "NVIDIA GeForce RTX 4090" and sent["name"] == _label()
     assert sent["volumeInGb"] == 30 and sent["volumeMountPath"] == "/workspace" and sent["ports"] == "22/tcp"
     assert {"key": "PUBLIC_KEY", "value": public_key} in sent["env"]
@@ -94,7 +82,7 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
 def test_cpu_pod(provider, fake_runpod, key):
     key_path, public_key = key
     created = provider.create(Request(name="cpu", cpu=True, disk_gb=40), _label("cpu"), public_key)
-    sent = _inputs(fake_runpod, "deployCpuPod")[0]
+    sent = fake_runpod.inputs("deployCpuPod")[0]
     assert sent["instanceId"] == "cpu3c-2-4" and sent["containerDiskInGb"] == 40
     assert "volumeInGb" not in sent and "gpuTypeId" not in sent
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
@@ -124,13 +112,13 @@ def test_spot_bid_comes_from_the_live_minimum(provider, fake_runpod, key):
     first = provider.create(Request(name="s1", gpu="4090", gpus=2, spot=True), _label("s1"), public_key)
     gpu["minimumBidPrice"] = 0.40  # the market moved: the next bid must follow, not a cached price
     provider.create(Request(name="s2", gpu="4090", spot=True), _label("s2"), public_key)
-    bids = [i["bidPerGpu"] for i in _inputs(fake_runpod, "podRentInterruptable")]
+    bids = [i["bidPerGpu"] for i in fake_runpod.inputs("podRentInterruptable")]
     assert bids == [0.326, 0.42]  # 0.3255 rounds up, 0.42 stays
     assert first.spot and first.price_hr == pytest.approx(2 * bids[0])
 
     explicit = RunPodProvider(fake_runpod.settings(spot_margin=0.5))
     explicit.create(Request(name="s3", gpu="4090", spot=True, bid=0.55), _label("s3"), public_key)
-    assert _inputs(fake_runpod, "podRentInterruptable")[-1]["bidPerGpu"] == 0.55
+    assert fake_runpod.inputs("podRentInterruptable")[-1]["bidPerGpu"] == 0.55
 
 
 def test_preempted_spot_pod_is_stopped_and_resumes_with_a_bid(provider, fake_runpod, key):
@@ -143,8 +131,8 @@ def test_preempted_spot_pod_is_stopped_and_resumes_with_a_bid(provider, fake_run
 
     fake_runpod.gpu("NVIDIA GeForce RTX 4090")["minimumBidPrice"] = 0.26
     provider.start(created.provider_id)
-    assert _inputs(fake_runpod, "podResume") == []
-    resumed = _inputs(fake_runpod, "podBidResume")
+    assert fake_runpod.inputs("podResume") == []
+    resumed = fake_runpod.inputs("podBidResume")
     assert resumed == [{"podId": created.provider_id, "bidPerGpu": 0.273,
                         "gpuCount": 1}]
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
@@ -156,7 +144,7 @@ def test_create_that_errors_after_creating_returns_the_pod(provider, fake_runpod
     fake_runpod.fail_create_after = 1
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
     assert [p.id for p in fake_runpod.live()] == [created.provider_id]
-    assert len(_inputs(fake_runpod, "podFindAndDeployOnDemand")) == 1  # found, not re-sent
+    assert len(fake_runpod.inputs("podFindAndDeployOnDemand")) == 1  # found, not re-sent
 
 
 def test_env_values_reach_the_pod_intact(provider, fake_runpod, key):

@@ -308,6 +308,17 @@ class FakeRunPod:
         return {"api_key": self.key, "ssh_user": getpass.getuser(), "retry_base": 0.01,
                 "poll_interval": 0.05, **extra}
 
+    def inputs(self, mutation: str) -> list[dict]:
+        """The ``input`` of every ``mutation`` received, decoded as RunPod decodes it."""
+        found = []
+        for q in self.queries:
+            try:
+                op, fields = parse(q)
+            except Exception:  # noqa: BLE001 - not every recorded query needs to parse
+                continue
+            found += [f.args["input"] for f in fields if op == "mutation" and f.name == mutation]
+        return found
+
     def gpu(self, gpu_id: str) -> dict:
         return next(g for g in self.gpus if g["id"] == gpu_id)
 
