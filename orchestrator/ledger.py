@@ -10,6 +10,7 @@ one transaction, so two orch processes can never both move the same instance.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from datetime import datetime, timezone
@@ -274,6 +275,14 @@ class Ledger:
         with self.session() as s:
             row = s.get(Meta, key)
             return row.value if row else None
+
+    def get_json_meta(self, key: str):
+        """A meta value orch stored as JSON; None when absent or unreadable."""
+        raw = self.get_meta(key)
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
 
     def set_meta(self, key: str, value: str) -> None:
         with self.session() as s:

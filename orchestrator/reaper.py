@@ -401,11 +401,7 @@ def arm(orch, inst) -> bool:
 
 
 def _armed(orch, inst) -> dict | None:
-    raw = orch.ledger.get_meta(f"watchdog:{inst.id}")
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
+    return orch.ledger.get_json_meta(f"watchdog:{inst.id}")
 
 
 def _armed_now(orch, inst) -> dict | None:
@@ -690,11 +686,7 @@ def _note_if_changed(orch, inst, d: Decision, acted: bool = False) -> None:
 
 
 def last_pass(ledger) -> dict | None:
-    raw = ledger.get_meta("reaper:last_pass")
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
+    return ledger.get_json_meta("reaper:last_pass")
 
 
 __all__ = ["Decision", "Facts", "Observed", "Outcome", "arm", "break_even_hours", "decide", "idle_action",

@@ -222,11 +222,7 @@ _OPS = {"systemd": (_systemd_install, _systemd_uninstall, _systemd_running),
 
 # -- the commands -----------------------------------------------------------------------------------
 def installed(ledger) -> dict | None:
-    raw = ledger.get_meta("reaper:schedule")
-    try:
-        return json.loads(raw) if raw else None
-    except ValueError:
-        return None
+    return ledger.get_json_meta("reaper:schedule")
 
 
 def install(ledger, home: Path, every: int, backend: str = "auto") -> dict:
