@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0001"  # the newest revision in versions/; the ledger upgrades when the database is behind
+HEAD = "0002"  # the newest revision in versions/; the ledger upgrades when the database is behind
+
+
+def known() -> set[str]:
+    """Every revision this orch has a migration for."""
+    return {p.name.split("_", 1)[0] for p in (HERE / "versions").glob("[0-9]*_*.py")}
 
 
 def config(engine=None):

@@ -1,3 +1,3 @@
-from orchestrator.fleet import main
+from orchestrator.cli.main import main
 
 main()

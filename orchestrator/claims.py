@@ -14,14 +14,9 @@ import functools
 import hashlib
 import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
-from orchestrator.errors import IllegalTransition, OrchError
-
-
-class Busy(OrchError):
-    """Another orch process is working on this instance."""
+from orchestrator.errors import Busy, IllegalTransition
 
 
 # (ledger url, key) -> [lock, depth]: what this process holds.
@@ -33,7 +28,7 @@ def _key(name: str) -> str:
 
 
 class _FileLock:
-    def __init__(self, directory: Path, key: str):
+    def __init__(self, directory, key: str):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
         self.fd: int | None = None
@@ -115,10 +110,7 @@ class _NoLock:
 
 def _lock(ledger, key: str):
     if ledger.sqlite:
-        path = ledger.url.split("///", 1)[1] if "///" in ledger.url else ""
-        if not path or path == ":memory:":
-            return _NoLock()
-        return _FileLock(Path(path).parent / "locks", key)
+        return _FileLock(ledger.path.parent / "locks", key) if ledger.path is not None else _NoLock()
     if ledger.engine.dialect.name == "postgresql":
         return _AdvisoryLock(ledger.engine, key)
     return _NoLock()

@@ -103,6 +103,30 @@ def provider_settings(name: str) -> dict[str, Any]:
     return dict(load().get("providers", {}).get(name, {}))
 
 
+def database_url(home_dir: Path | None = None) -> str:
+    """Where the ledger is, the one place that says so: ``ORCH_DATABASE_URL``, else ``database_url``
+    in config.toml, else ``ledger.db`` in orch's home. A URL that would lose the ledger (an
+    in-memory SQLite, a folder that does not exist) is refused before anything is opened."""
+    home_dir = Path(home_dir) if home_dir is not None else home()
+    url = os.environ.get("ORCH_DATABASE_URL") or get("database_url") or f"sqlite:///{home_dir / 'ledger.db'}"
+    if url.startswith("sqlite"):
+        path = sqlite_path(url)
+        if path is None:
+            raise UsageError(f"the ledger URL {url!r} is an in-memory SQLite database: everything orch records "
+                             "would be lost when the command ends (give a file, e.g. sqlite:////path/ledger.db)")
+        if path != home_dir / "ledger.db" and not path.parent.is_dir():
+            raise UsageError(f"the ledger URL {url!r} points into {path.parent}, which does not exist")
+    return url
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for an in-memory database."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    path = rest[1:] if rest.startswith("/") else rest  # sqlite:///rel or sqlite:////abs
+    path = path.split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" and not path.startswith("file::memory:") else None
+
+
 def key_path() -> Path:
     return home() / "keys" / "id_ed25519"
 

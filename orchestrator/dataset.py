@@ -274,11 +274,16 @@ def pack(info: DatasetInfo, out_tar: Path) -> Path:
 
     The yaml inside is JSON (which is YAML), so the instance can rewrite it without PyYAML, and it
     has no ``path:`` key: LibreYOLO resolves a relative ``path:`` against ~/datasets before the yaml's
-    folder, so only "no path" (or the absolute one remote_extract_script writes) is safe.
+    folder, so only "no path" (or the absolute one on_instance/extract.py writes) is safe.
     Members are sorted and their metadata fixed, so the same dataset always packs to the same bytes.
     """
     members: dict[str, Path | bytes] = {}
+    root = info.root.resolve()
     for f in info.files:
+        # A link to a file outside the dataset would carry that file to the instance (or the hub).
+        if not f.resolve().is_relative_to(root):
+            raise UsageError(f"{f} is a link to {f.resolve()}, outside the dataset folder {info.root}: "
+                             "refusing to pack it (copy the file in instead)")
         members[f"{info.name}/{_inside(info, f)}"] = f
     for lst in {p for entries in info.splits.values() for p in entries if p.suffix.lower() == ".txt"}:
         members[f"{info.name}/{_inside(info, lst)}"] = _relative_list(lst)
@@ -329,66 +334,6 @@ def _packed_yaml(info: DatasetInfo) -> bytes:
     config["nc"] = info.nc
     config["names"] = list(info.names)
     return (json.dumps(config, indent=2) + "\n").encode()
-
-
-# Runs on the instance with whatever python it has: standard library only. It also takes a tar made
-# by hand as the seed shows (``tar cf my-dataset.tar my-dataset/``): dir entries, "./" prefixes, and
-# a data.yaml in block YAML, whose top-level ``path:`` line is replaced rather than parsed.
-_EXTRACT_SOURCE = r'''
-import json, os, re, tarfile
-from pathlib import Path
-
-
-def orch_extract(tar_path, dest):
-    dest = Path(dest).expanduser().resolve()
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tar_path) as tar:
-        members = tar.getmembers()
-        tops = set()
-        for m in members:
-            parts = [p for p in m.name.split("/") if p not in ("", ".")]
-            if m.name.startswith("/") or "\\" in m.name or ".." in parts or not (m.isfile() or m.isdir()):
-                raise SystemExit(f"refusing unsafe member {m.name!r} in {tar_path}")
-            if parts:
-                tops.add(parts[0])
-        if len(tops) != 1:
-            raise SystemExit(f"{tar_path} must hold one top folder, found {sorted(tops)}")
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, members=members, filter="data")
-        else:  # a Python without PEP 706 filters: the checks above are the filter
-            tar.extractall(dest, members=members)
-    root = dest / tops.pop()
-    found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
-    found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
-    if len(found) != 1:
-        raise SystemExit(f"{tar_path}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
-    data_yaml = found[0]
-    text = data_yaml.read_text()
-    try:
-        config = json.loads(text)
-    except ValueError:
-        config = None
-    if isinstance(config, dict):  # what orch packs
-        config.pop("path", None)
-        text = json.dumps({"path": str(root), **config}, indent=2) + "\n"
-    else:
-        kept = [line for line in text.splitlines() if not re.match(r"path\s*:", line)]
-        text = "\n".join([f"path: {json.dumps(str(root))}", *kept]) + "\n"
-    tmp = data_yaml.with_name(f".{data_yaml.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, data_yaml)
-    return str(data_yaml)
-'''
-
-
-def extract_source() -> str:
-    """Source defining ``orch_extract(tar_path, dest) -> data_yaml``, for scripts run on the instance."""
-    return _EXTRACT_SOURCE
-
-
-def remote_extract_script(tar_path: str, dest: str) -> str:
-    """Python source: extract the tar safely under ``dest``, point its yaml there, print {"data_yaml": ...}."""
-    return _EXTRACT_SOURCE + f"\nprint(json.dumps({{'data_yaml': orch_extract({tar_path!r}, {dest!r})}}))\n"
 
 
 # -- synth --------------------------------------------------------------------------------------

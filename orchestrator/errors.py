@@ -30,12 +30,23 @@ class StartRefused(ProviderError):
 
 
 class SSHError(OrchError):
-    """The instance could not be reached or refused us over SSH."""
+    """The instance could not be reached over SSH (now): worth trying again later."""
 
 
-class HostKeyMismatch(SSHError):
-    """The instance presented a host key other than the pinned one."""
+class HostKeyMismatch(OrchError):
+    """The instance presented a host key other than the pinned one: a possible interception.
+
+    Not an ``SSHError`` on purpose: whoever treats "unreachable" as "try later" must never pass
+    over this one by accident."""
+
+
+class VerifyFailed(OrchError):
+    """The device does not work (no GPU, or a torch built for another one)."""
 
 
 class IllegalTransition(OrchError):
     """A state change that the lifecycle does not allow, or that lost a race."""
+
+
+class Busy(OrchError):
+    """Another orch process is working on this instance."""

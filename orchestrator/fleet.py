@@ -19,8 +19,9 @@ def read(include_ended: bool) -> tuple[list[dict], dict]:
     from orchestrator import config
     from orchestrator.views import fast_read
 
-    fast = None if config.get("database_url") else fast_read(config.home() / "ledger.db", HEAD, include_ended,
-                                                              META_KEYS)
+    url = config.database_url()
+    db = config.sqlite_path(url) if url.startswith("sqlite") else None
+    fast = fast_read(db, HEAD, include_ended, META_KEYS) if db is not None else None
     if fast is not None:
         return fast
     from orchestrator.lifecycle import Orch
@@ -69,22 +70,3 @@ def reconcile_note(last_run: str | None, last_report: str | None) -> str:
     if errors:
         note += f"; it could not check {', '.join(sorted(errors))}"
     return note
-
-
-FAST_FLAGS = {"--json", "--all", "-a"}
-
-
-def main() -> None:
-    """The console script: the fleet listing answered here, everything else by the Typer app."""
-    args = sys.argv[1:]
-    if args[:1] == ["status"] and set(args[1:]) <= FAST_FLAGS:
-        from orchestrator.errors import OrchError
-
-        try:
-            show("--all" in args or "-a" in args, "--json" in args)
-            return
-        except OrchError:
-            pass  # the full CLI says it properly (one line, the right exit code)
-    from orchestrator.cli import main as cli_main
-
-    cli_main()

@@ -42,7 +42,7 @@ def parse_hf(uri: str) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def _check_repo_id(repo_id: str) -> str:
+def check_repo_id(repo_id: str) -> str:
     if not re.fullmatch(_REPO, repo_id or ""):
         raise UsageError(f"expected a Hugging Face repo as ORG/REPO, got {repo_id!r}")
     return repo_id
@@ -56,7 +56,7 @@ def push_dataset(
     ``work_dir`` holds the tar while it uploads (default: the system temp folder); it needs room for
     one more copy of the dataset. ``doctor`` as in dataset.validate.
     """
-    _check_repo_id(repo_id)
+    check_repo_id(repo_id)
     hf = _hf()  # before validating, which can take a while on a big dataset
     info = dataset.validate(Path(folder), doctor=doctor)
     api = _api(token)
@@ -81,91 +81,26 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def remote_download_script(repo_id: str, filename: str, dest: str) -> str:
-    """Python source for the instance: download the tar (HF_TOKEN, HF_ENDPOINT, HF_HOME from its
-    environment), extract it under ``dest`` as dataset.remote_extract_script does, print {"data_yaml": ...}."""
-    _check_repo_id(repo_id)
-    return (
-        dataset.extract_source()
-        + """
-try:
-    from huggingface_hub import hf_hub_download
-except ImportError:
-    raise SystemExit("huggingface_hub is not installed on this machine: pip install huggingface_hub")
-"""
-        + f"tar_path = hf_hub_download({repo_id!r}, {filename!r}, repo_type='dataset')\n"
-        + f"print(json.dumps({{'data_yaml': orch_extract(tar_path, {dest!r})}}))\n"
-    )
 
 
-_UPLOAD_CALLBACK = r'''
-import os
-import sys
-from pathlib import Path
-
-
-class OrchHubPush:
-    """LibreYOLO training callback: after each epoch, upload the new weights/epoch_N.pt snapshots and a
-    new best.pt to a Hugging Face model repo; at the end, last.pt, best.pt and the small run files.
-
-    The token comes from HF_TOKEN in the environment. An upload failure is reported on stderr and
-    retried at the next epoch: it never stops the training that is being paid for.
-    """
-
-    SMALL_FILES = ("summary.json", "results.csv", "metrics.jsonl", "train_config.yaml")
-
-    def __init__(self, repo_id):
-        self.repo_id = repo_id
-        self.sent = {}  # path in repo -> (size, mtime_ns) of what was uploaded
-        self.api = None
-
-    def on_train_epoch_end(self, event):
-        weights = Path(event.save_dir) / "weights"
-        self._push([*sorted(weights.glob("epoch_*.pt")), weights / "best.pt"])
-
-    def on_train_end(self, event):
-        run = Path(event.save_dir)
-        self._push([run / "weights" / "best.pt", run / "weights" / "last.pt", *(run / f for f in self.SMALL_FILES)])
-
-    def _push(self, paths):
-        for path in paths:
-            if not path.is_file():
-                continue
-            name = f"weights/{path.name}" if path.suffix == ".pt" else path.name
-            st = path.stat()
-            if self.sent.get(name) == (st.st_size, st.st_mtime_ns):
-                continue
-            try:
-                self._upload(path, name)
-            except Exception as e:
-                print(f"orch: upload of {name} to {self.repo_id} failed, will retry: {e}", file=sys.stderr)
-                return
-            self.sent[name] = (st.st_size, st.st_mtime_ns)
-
-    def _upload(self, path, name):
-        if self.api is None:
-            from huggingface_hub import HfApi
-
-            api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
-            api.create_repo(self.repo_id, repo_type="model", private=True, exist_ok=True)
-            self.api = api
-        self.api.upload_file(
-            path_or_fileobj=str(path), path_in_repo=name, repo_id=self.repo_id, repo_type="model",
-            commit_message=f"orch: {name}",
-        )
-'''
-
-
-def upload_callback_source(repo_id: str) -> str:
-    """Python source of a module defining ``orch_hub_push``, a LibreYOLO 1.6 training callback object.
-
-    LibreYOLO calls ``callback.on_train_epoch_end(event)`` with a ``TrainEpochEvent`` (fields used:
-    ``save_dir``; ``epoch`` is 1-based) after the epoch's checkpoints are written, on rank 0 only, and
-    ``on_train_end(event)`` with a ``TrainEndEvent``. Pass it as
-    ``model.train(..., callbacks=[orch_hub_push])``; the CLI takes no callbacks.
-
-    Save it as a module (``orch_push.py`` beside the entry script) and import it: for a device list
-    LibreYOLO pickles the callbacks to its workers, and a class exec'd into a dict cannot be pickled.
-    """
-    _check_repo_id(repo_id)
-    return _UPLOAD_CALLBACK + f"\norch_hub_push = OrchHubPush({repo_id!r})\n"
+def dataset_size(uri: str) -> int:
+    """The size in bytes of ``hf://ORG/REPO/FILE.tar``, from the hub's file metadata: the disk is
+    sized from it before anything is rented, and the instance refuses a tar that unpacks to more."""
+    repo_id, filename = parse_hf(uri)
+    hf = _hf()
+    # The same HEAD request a download starts with (hf_hub_download asks it first), so any hub that
+    # serves the file answers it.
+    url = hf.hf_hub_url(repo_id, filename, repo_type="dataset", endpoint=os.environ.get("HF_ENDPOINT") or None)
+    try:
+        meta = hf.get_hf_file_metadata(url, token=os.environ.get("HF_TOKEN") or None)
+    except hf.errors.EntryNotFoundError:
+        raise UsageError(f"{uri}: no such file in the dataset repo {repo_id}") from None
+    except hf.errors.RepositoryNotFoundError:
+        raise UsageError(f"{uri}: no dataset repo {repo_id} (or no access to it: HF_TOKEN)") from None
+    except hf.errors.HfHubHTTPError as e:
+        raise OrchError(f"Hugging Face could not say how big {uri} is: {_first_line(e)}") from None
+    except OSError as e:
+        raise OrchError(f"cannot reach the Hugging Face Hub to size {uri}: {_first_line(e)}") from None
+    if not isinstance(meta.size, int) or meta.size <= 0:
+        raise OrchError(f"Hugging Face gave no size for {uri}")
+    return meta.size

@@ -14,17 +14,16 @@ import json
 import os
 import secrets
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from sqlalchemy import Column, Text, event, text, update
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, DatabaseError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from orchestrator import states
+from orchestrator.config import sqlite_path
 from orchestrator.errors import IllegalTransition, OrchError, UsageError
 from migrations import HEAD
-
 
 
 def now() -> datetime:
@@ -63,6 +62,9 @@ class Instance(SQLModel, table=True):
     device: Optional[str] = Field(default=None, max_length=255)  # what verify ran its matmul on
     protected: bool = False
     policy: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: idle/max-hours/...
+    # JSON: what orch remembers about this instance between processes (the watchdog it armed, the
+    # reaper's last decision, ...). It lives and dies with the row: nothing to clean up.
+    memory: Optional[str] = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
 
@@ -109,21 +111,20 @@ class Meta(SQLModel, table=True):
     value: str = Field(default="", sa_column=Column(Text))
 
 
-def database_url(home: Path) -> str:
-    return os.environ.get("ORCH_DATABASE_URL") or f"sqlite:///{home / 'ledger.db'}"
-
-
 class Ledger:
     def __init__(self, url: str, upgrade: bool = True):
         self.url = url
         self.sqlite = url.startswith("sqlite")
+        self.path = sqlite_path(url) if self.sqlite else None
         if self.sqlite:
-            path = url.split("///", 1)[1] if "///" in url else ""
-            if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                # Created 0600 before SQLite touches it: the ledger says where every machine is.
-                os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
-                os.chmod(path, 0o600)
+            if self.path is not None:
+                try:
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    # Created 0600 before SQLite touches it: the ledger says where every machine is.
+                    os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+                    os.chmod(self.path, 0o600)
+                except OSError as e:
+                    raise OrchError(f"cannot open the ledger at {self.path}: {e.strerror or e}") from None
             self.engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None})
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
@@ -132,7 +133,7 @@ class Ledger:
         if upgrade:
             try:
                 self.ensure_schema()
-            except OperationalError as e:
+            except DatabaseError as e:
                 raise OrchError(f"cannot open the ledger at {_shown(url)}: "
                                 f"{' '.join(str(e.orig or e).split())[:300]}") from None
 
@@ -145,9 +146,17 @@ class Ledger:
                 return None
 
     def ensure_schema(self) -> None:
-        """Apply migrations when the database is behind; a cheap read when it is not."""
-        if self.revision() != HEAD:
-            self.upgrade()
+        """Apply migrations when the database is behind; a cheap read when it is not. A ledger
+        written by a newer orch is left alone: this one would not know its schema."""
+        found = self.revision()
+        if found == HEAD:
+            return
+        from migrations import known
+
+        if found is not None and found not in known():
+            raise OrchError(f"the ledger at {_shown(self.url)} was written by a newer orch (schema {found}; "
+                            f"this orch knows up to {HEAD}): upgrade orch")
+        self.upgrade()
 
     def upgrade(self) -> None:
         from migrations import upgrade
@@ -230,6 +239,56 @@ class Ledger:
         plugins.broadcast(inst, {"from": src, "to": to, "reason": reason, "actor": actor, "at": stamp})
         return inst
 
+    def adopt(self, inst: Instance, reason: str, actor: str) -> Instance | None:
+        """Write a row for an instance found at its provider (``orch reconcile``), with its first
+        event; None when a live row already has its provider id or its name (a race lost)."""
+        from sqlalchemy.exc import IntegrityError
+
+        with self.session() as s:
+            taken = s.exec(select(Instance).where(
+                Instance.state.in_(states.LIVE),
+                ((Instance.provider == inst.provider) & (Instance.provider_id == inst.provider_id))
+                | (Instance.name == inst.name))).first()
+            if taken is not None:
+                return None
+            s.add(inst)
+            try:
+                s.flush()
+            except IntegrityError:
+                s.rollback()
+                return None  # the same id written meanwhile by a concurrent reconcile
+            s.add(Event(instance_id=inst.id, from_state=None, to_state=inst.state, reason=reason, actor=actor))
+            s.commit()
+            inst = s.get(Instance, inst.id)
+        from orchestrator import plugins
+
+        plugins.broadcast(inst, {"from": None, "to": inst.state, "reason": reason, "actor": actor, "at": now()})
+        return inst
+
+    # -- what orch remembers about one instance ------------------------------------------
+    def recall(self, instance_id: str, key: str, default: Any = None) -> Any:
+        inst = self.get(instance_id)
+        return _memory(inst).get(key, default) if inst is not None else default
+
+    def remember(self, instance_id: str, **values: Any) -> None:
+        """Set keys of the instance's memory (None removes one), atomically against other writers."""
+        with self.session() as s:
+            q = select(Instance).where(Instance.id == instance_id)
+            if not self.sqlite:
+                q = q.with_for_update()  # SQLite's BEGIN IMMEDIATE already serialises writers
+            inst = s.exec(q).first()
+            if inst is None:
+                return
+            memory = _memory(inst)
+            for key, value in values.items():
+                if value is None:
+                    memory.pop(key, None)
+                else:
+                    memory[key] = value
+            s.exec(update(Instance).where(Instance.id == instance_id)
+                   .values(memory=json.dumps(memory, sort_keys=True, default=str)))
+            s.commit()
+
     def note(self, instance_id: str, reason: str, actor: str = "cli") -> None:
         """An event that records a decision without a state change."""
         with self.session() as s:
@@ -266,9 +325,16 @@ class Ledger:
             return s.exec(select(Run).where(Run.instance_id == instance_id)
                           .order_by(Run.id.desc())).first()
 
-    def runs(self) -> list[Run]:
+    def first_run(self, instance_id: str) -> Run | None:
         with self.session() as s:
-            return list(s.exec(select(Run).order_by(Run.id)))
+            return s.exec(select(Run).where(Run.instance_id == instance_id).order_by(Run.id)).first()
+
+    def runs(self, instance_id: str | None = None) -> list[Run]:
+        with self.session() as s:
+            q = select(Run)
+            if instance_id is not None:
+                q = q.where(Run.instance_id == instance_id)
+            return list(s.exec(q.order_by(Run.id)))
 
     # -- meta --------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -290,6 +356,14 @@ class Ledger:
             row.value = value
             s.add(row)
             s.commit()
+
+
+def _memory(inst: Instance) -> dict:
+    try:
+        memory = json.loads(inst.memory) if inst.memory else {}
+    except ValueError:
+        return {}
+    return memory if isinstance(memory, dict) else {}
 
 
 def _shown(url: str) -> str:

@@ -1,7 +1,9 @@
-"""The instance lifecycle: up, stop, start, down, refresh — the same for every provider.
+"""The instance lifecycle: up, stop, start, down — the same for every provider.
 
 Every step is written to the ledger before the provider is asked to do it (intent first), so a
-crash at any point leaves a row that ``reconcile`` can match with what the provider has.
+crash at any point leaves a row that ``reconcile`` can match with what the provider has. An
+instance the provider started is billing: whatever fails after that gives it back (stop, or
+destroy by its policy) and says which, never leaving it recorded as stopped.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from orchestrator import claims, config, states
-from orchestrator.errors import (OrchError, ProviderError, SSHError, StartRefused, UsageError)
-from orchestrator.ledger import Instance, Ledger, database_url
-from orchestrator.provider import GONE, RUNNING, STOPPED, Provider, Remote, Request
+from orchestrator.errors import OrchError, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.ledger import Instance, Ledger
+from orchestrator.provider import Provider, Remote, Request, Status
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_DISK_GB = 20_000
 MAX_GPUS = 16
+START_TIMEOUT_MINUTES = 5.0  # how long `orch start` waits for a provider to give the GPU back
 
 
 def kill_point(name: str) -> None:
@@ -30,18 +34,27 @@ def kill_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def check_request(name: str, request: Request) -> None:
-    if not NAME.match(name):
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise UsageError(f"invalid name {name!r}: use 1-40 lowercase letters, digits and '-', starting "
                          "with a letter or digit")
+
+
+def check_request(name: str, request: Request) -> None:
+    check_name(name)
     if not 1 <= request.disk_gb <= MAX_DISK_GB:
         raise UsageError(f"--disk must be between 1 and {MAX_DISK_GB} GB, not {request.disk_gb}")
     if not 1 <= request.gpus <= MAX_GPUS:
         raise UsageError(f"--gpus must be between 1 and {MAX_GPUS}, not {request.gpus}")
     if request.bid is not None and not 0 < request.bid < 1000:
         raise UsageError(f"--bid must be a price in $/hr per GPU between 0 and 1000, not {request.bid}")
+    if request.bid is not None and not request.spot:
+        raise UsageError("--bid is a spot price: add --spot")
     if request.cpu and request.gpu:
         raise UsageError("--cpu and --gpu exclude each other")
+    for text, what in ((request.gpu, "--gpu"), (request.image, "--image"), (request.offer, "--offer")):
+        if text is not None and (not text.strip() or any(not c.isprintable() for c in text) or len(text) > 200):
+            raise UsageError(f"{what} takes a printable value of at most 200 characters")
 
 
 @dataclass
@@ -56,9 +69,13 @@ class Orch:
     @classmethod
     def open(cls, actor: str = "cli", say: Callable[[str], None] | None = None) -> "Orch":
         home = config.home()
-        home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        url = database_url(home) if "ORCH_DATABASE_URL" in os.environ else (
-            config.get("database_url") or database_url(home))
+        url = config.database_url(home)  # refuses a URL that would lose the ledger before anything is made
+        try:
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise OrchError(f"cannot make orch's home {home}: {e.strerror or e}") from None
+        if not home.is_dir():
+            raise OrchError(f"orch's home {home} is not a folder (ORCH_HOME)")
         orch = cls(Ledger(url), home, actor)
         if say:
             orch.say = say
@@ -88,7 +105,10 @@ class Orch:
     # -- up ----------------------------------------------------------------------------
     @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
-           policy: str | None = None, after_verify: Callable[[Instance], None] | None = None) -> Instance:
+           policy: str | None = None, after_verify: Callable[[Instance], None] | None = None,
+           prepare: bool = True) -> Instance:
+        """Rent, wait for SSH, provision and verify (unless ``prepare`` is False: reached over SSH
+        only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys."""
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
@@ -112,6 +132,8 @@ class Orch:
                              provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
                              gpu_name=remote.gpu_name)
             kill_point("after-create")
+            if not prepare:
+                self.ledger.remember(inst.id, prepare=False)
         try:
             timeout = ssh_timeout or float(config.get("ssh_timeout_minutes", 20)) * 60
             self.say(f"[2/4] waiting for SSH (up to {timeout / 60:.0f} min)")
@@ -119,21 +141,7 @@ class Orch:
             remote = provider.wait_ssh(inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
             inst = self._endpoint(inst, provider, remote)
             kill_point("ssh-ready")
-            self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
-            with self.connect(inst) as c:
-                from playbooks.provision import provision, verify
-
-                facts = provision(c, gpu=not request.cpu, log=lambda m: self.say(f"      {m}"))
-                kill_point("provisioned")
-                self.say("[4/4] verifying: a 2000x2000 matmul on the device")
-                proof = verify(c, gpu=not request.cpu)
-            device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f})"
-            inst = self.move(inst, states.READY, f"verified on {proof['device']}", device=device[:255])
-            if after_verify:
-                after_verify(inst)
-            from orchestrator import reaper
-
-            reaper.arm(self, inst)  # the on-instance watchdog; a failure is reported, never fails up
+            inst = self._prepare(inst, after_verify=after_verify)
         except BaseException as e:
             why = _why(e)
             self.say(f"failed: {why}; destroying {inst.label} so it does not keep billing")
@@ -141,6 +149,35 @@ class Orch:
             if isinstance(e, (KeyboardInterrupt, OrchError)):
                 raise
             raise OrchError(f"up failed: {why}") from e
+        return inst
+
+    def _prepare(self, inst: Instance, started: bool = False, rekey: bool = False,
+                 after_verify: Callable[[Instance], None] | None = None) -> Instance:
+        """Provision (idempotent), prove the device with a matmul, record ready, arm the watchdog
+        (after a start: learn first what the last watchdog did, its state file survives a stop)."""
+        from orchestrator import watchdog
+        from playbooks.provision import provision, verify
+
+        if self.ledger.recall(inst.id, "prepare") is False:
+            from orchestrator import remote
+
+            with self.connect(inst, rekey=rekey) as c:
+                remote.run(c, "true")
+            inst = self.move(inst, states.READY, "reached over SSH (not provisioned: orch check)")
+            (watchdog.rearm if started else watchdog.arm)(self, inst)
+            return inst
+        self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
+        with self.connect(inst, rekey=rekey) as c:
+            facts = provision(c, gpu=not inst.cpu_only, log=lambda m: self.say(f"      {m}"))
+            kill_point("provisioned")
+            self.say("[4/4] verifying: a 2000x2000 matmul on the device")
+            proof = verify(c, gpu=not inst.cpu_only)
+        device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f})"
+        verified = "started and verified on" if started else "verified on"
+        inst = self.move(inst, states.READY, f"{verified} {proof['device']}", device=device[:255])
+        if after_verify:
+            after_verify(inst)
+        (watchdog.rearm if started else watchdog.arm)(self, inst)
         return inst
 
     def _create(self, provider: Provider, inst: Instance, request: Request, public_key: str) -> Remote:
@@ -165,13 +202,17 @@ class Orch:
     def _endpoint(self, inst: Instance, provider: Provider, remote: Remote) -> Instance:
         ep = remote.endpoint
         fields = dict(ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user)
-        vouched = getattr(provider, "host_key", None)
-        if vouched and not inst.host_key:
-            fields["host_key"] = vouched(remote.provider_id)
+        if not inst.host_key:
+            vouched = provider.vouched_host_key(remote.provider_id)
+            if vouched:
+                fields["host_key"] = vouched
         return self.ledger.update(inst.id, **fields)
 
-    def connect(self, inst: Instance):
-        """An SSH connection to the instance; pins the host key at first contact."""
+    def connect(self, inst: Instance, rekey: bool = False):
+        """An SSH connection to the instance, its host key pinned at first contact. The recorded
+        route is kept while it answers; when it does not, the provider's other routes are tried and
+        the one that answers is recorded. ``rekey`` (only right after a start orch asked for, on a
+        provider whose images make new host keys at every start): a new key is pinned and recorded."""
         from orchestrator import remote
 
         if not inst.ssh_host:
@@ -179,21 +220,52 @@ class Orch:
         key, _ = config.ssh_key()
 
         def pin(line: str) -> None:
+            if inst.host_key and line != inst.host_key:
+                self.ledger.note(inst.id, f"host key changed at the start orch asked for: pinned {_fingerprint(line)} "
+                                          f"(was {_fingerprint(inst.host_key)})", self.actor)
             self.ledger.update(inst.id, host_key=line)
             inst.host_key = line
 
-        return remote.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user or "root", key, inst.host_key, pin)
+        def open_(i: Instance):
+            return remote.connect(i.ssh_host, i.ssh_port, i.ssh_user or "root", key, i.host_key, pin, rekey=rekey)
+
+        try:
+            return open_(inst)
+        except SSHError:
+            moved = self._reroute(inst)
+            if moved is None:
+                raise
+            inst.ssh_host, inst.ssh_port, inst.ssh_user = moved.ssh_host, moved.ssh_port, moved.ssh_user
+            return open_(inst)
+
+    def _reroute(self, inst: Instance) -> Instance | None:
+        """Another route to the instance that answers now (the provider's), recorded; None if none."""
+        if inst.provider_id is None:
+            return None
+        try:
+            provider = self.provider(inst.provider)
+            found = provider.reachable(provider.get(inst.provider_id))
+        except OrchError:
+            return None
+        if found is None or (found.endpoint.host, found.endpoint.port) == (inst.ssh_host, inst.ssh_port):
+            return None
+        ep = found.endpoint
+        self.ledger.note(inst.id, f"SSH route {inst.ssh_host}:{inst.ssh_port} stopped answering: now {ep.host}:{ep.port}",
+                         self.actor)
+        return self.ledger.update(inst.id, ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user)
 
     # -- stop / start / down -----------------------------------------------------------
     @claims.exclusive
     def stop(self, inst: Instance, reason: str = "stopped by the user") -> Instance:
         provider = self.provider(inst.provider)
-        if not provider.capabilities.stop:
-            raise UsageError(f"stop is not supported by {inst.provider}: use `orch down {inst.name}`")
+        if not provider.capabilities_for(inst.spot).stop:
+            what = "this spot instance" if provider.capabilities.stop else inst.provider
+            raise UsageError(f"stop is not supported by {what}: use `orch down {inst.name}`")
         if inst.state == states.STOPPED:
             return inst
         inst = self.move(inst, states.STOPPING, reason,
-                         expect=(states.READY, states.PROVISIONING, states.PREEMPTED))
+                         expect=(states.READY, states.PROVISIONING, states.PREEMPTED, states.UNATTENDED,
+                                 states.SCHEDULING, states.BROKEN))
         try:
             provider.stop(inst.provider_id)
         except BaseException as e:
@@ -202,33 +274,101 @@ class Orch:
         return self.move(inst, states.STOPPED, reason)
 
     @claims.exclusive
-    def start(self, inst: Instance, reason: str = "started by the user") -> Instance:
+    def start(self, inst: Instance, reason: str = "started by the user", timeout: float | None = None) -> Instance:
+        """Start a stopped instance and make it ready again: wait (``timeout`` seconds, default
+        START_TIMEOUT_MINUTES) for the provider to run it, then SSH, provisioning, verify and the
+        watchdog, as after ``up``. A start that does not run in time is stopped again (exit 1)."""
         provider = self.provider(inst.provider)
         if inst.state == states.READY:
             return inst
-        inst = self.move(inst, states.STARTING, reason, expect=(states.STOPPED, states.PREEMPTED))
+        caps = provider.capabilities_for(inst.spot)
+        if inst.state == states.UNATTENDED and caps.new_host_key_on_start:
+            # Its new host key came from a start orch did not ask for: stop it, then start it ourselves.
+            inst = self.stop(inst, "stopped to be started by orch (it was running unattended)")
+        inst = self.move(inst, states.STARTING, reason,
+                         expect=(states.STOPPED, states.PREEMPTED, states.SCHEDULING, states.UNATTENDED))
         try:
-            remote = provider.start(inst.provider_id)
-            timeout = float(config.get("ssh_timeout_minutes", 20)) * 60
-            remote = provider.wait_ssh(remote.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
+            provider.start(inst.provider_id)
         except StartRefused as e:
             self.move(inst, states.STOPPED, f"start refused: {_why(e)}")
             raise
         except BaseException as e:
-            self.move(inst, states.STOPPED, f"start failed: {_why(e)}")
-            raise
-        inst = self._endpoint(inst, provider, remote)
-        with self.connect(inst) as c:  # proves the pinned host key still matches
-            from orchestrator import remote as r
+            return self._give_back(inst, provider, f"start failed: {_why(e)}", e)
+        wait = timeout if timeout is not None else float(config.get("start_timeout_minutes", START_TIMEOUT_MINUTES)) * 60
+        try:
+            inst = self._await_running(inst, provider, wait)
+            ssh_wait = float(config.get("ssh_timeout_minutes", 20)) * 60
+            remote = provider.wait_ssh(inst.provider_id, ssh_wait, progress=lambda m: self.say(f"      {m}"))
+            inst = self._endpoint(self.ledger.get(inst.id), provider, remote)
+            price, stopped = provider.prices(remote)
+            inst = self.ledger.update(inst.id, price_hr=price or inst.price_hr,
+                                      stopped_price_hr=stopped or inst.stopped_price_hr)
+            return self._prepare(inst, started=True, rekey=caps.new_host_key_on_start)
+        except _NoGPU as e:
+            raise OrchError(str(e)) from None
+        except BaseException as e:
+            return self._give_back(self.ledger.get(inst.id), provider, f"start failed: {_why(e)}", e)
 
-            r.run(c, "true")
-        price, stopped = provider.prices(remote)
-        inst = self.move(inst, states.READY, reason, price_hr=price or inst.price_hr,
-                         stopped_price_hr=stopped or inst.stopped_price_hr)
-        from orchestrator import reaper
+    def _await_running(self, inst: Instance, provider: Provider, wait: float) -> Instance:
+        """Until the provider runs it. Waiting for a GPU (scheduling) is recorded and shown; past
+        ``wait`` the start is given up: stopped again at the provider and in the ledger."""
+        deadline = time.monotonic() + wait
+        while True:
+            remote = provider.get(inst.provider_id)
+            if remote.status == Status.RUNNING:
+                if inst.state == states.SCHEDULING:
+                    inst = self.move(inst, states.STARTING, "its host freed a GPU: running")
+                return inst
+            if remote.status in (Status.GONE, Status.BROKEN):
+                raise ProviderError(f"{provider.name} shows it {remote.status.value} "
+                                    f"{'(' + remote.detail + ')' if remote.detail else ''} instead of running")
+            if remote.status == Status.SCHEDULING and inst.state == states.STARTING:
+                inst = self.move(inst, states.SCHEDULING, "the start waits for its host to free a GPU"
+                                 + (f" ({remote.detail})" if remote.detail else ""))
+                self.say(f"      {inst.name} waits for a GPU on its host (scheduling); giving up after "
+                         f"{wait / 60:.1f} min")
+            if time.monotonic() >= deadline:
+                provider.stop(inst.provider_id)
+                inst = self.ledger.get(inst.id)
+                self.move(inst, states.STOPPED, f"no GPU within {wait / 60:.1f} min of the start: stopped again "
+                                                "so it does not start later unwatched")
+                raise _NoGPU(f"{inst.name} did not get its GPU back within {wait / 60:.1f} min "
+                             f"({remote.detail or remote.status.value}): stopped it again; `orch start {inst.name} "
+                             "--timeout MINUTES` waits longer, `orch down` gives up its disk")
+            time.sleep(provider.poll_seconds)
 
-        reaper.rearm(self, inst)  # a stop ended the watchdog with everything else on the instance
-        return inst
+    def _give_back(self, inst: Instance, provider: Provider, why: str, error: BaseException):
+        """A start failed after the provider may have started it: it may bill. Stop it again (or
+        destroy it, by its policy, or where it cannot stop), record which, and raise."""
+        from orchestrator import policy
+
+        try:
+            shown = provider.get(inst.provider_id).status
+        except OrchError:
+            shown = None
+        if shown == Status.STOPPED:
+            inst = self.ledger.get(inst.id)
+            if inst.state in (states.STARTING, states.SCHEDULING):
+                self.move(inst, states.STOPPED, why)
+            raise error
+        caps = provider.capabilities_for(inst.spot)
+        destroy = policy.of(inst).on_idle == "destroy" or not caps.stop
+        try:
+            if destroy:
+                self._destroy(provider, self.ledger.get(inst.id), f"{why}: destroyed so it does not bill")
+            else:
+                inst = self.ledger.get(inst.id)
+                if inst.state != states.STOPPING:
+                    inst = self.move(inst, states.STOPPING, why)
+                provider.stop(inst.provider_id)
+                self.move(inst, states.STOPPED, f"{why}: stopped again so it does not bill")
+        except OrchError as e2:
+            raise OrchError(f"{why}; and giving it back failed too ({_why(e2)}): it may bill, see `orch status "
+                            f"{inst.name}`") from error
+        what = "destroyed it" if destroy else f"stopped it again (`orch start {inst.name}` to retry)"
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+        raise OrchError(f"{why}; {what} so it does not bill") from error
 
     @claims.exclusive
     def down(self, inst: Instance, reason: str = "destroyed by the user") -> Instance:
@@ -248,30 +388,28 @@ class Orch:
         return self.move(inst, states.DESTROYED, reason)
 
     # -- refresh -----------------------------------------------------------------------
-    def sync(self, inst: Instance, remote: Remote | None) -> Instance:
-        """Bring one ledger row in line with what its provider shows (None: not listed)."""
-        if claims.busy(self.ledger, inst.name):
-            return inst  # another orch process is moving it: what the provider shows is its business
-        if remote is None or remote.status == GONE:
-            if inst.state == states.DESTROYING:
-                return self.move(inst, states.DESTROYED, "confirmed gone at the provider")
-            if inst.state in states.LIVE and inst.state != states.REQUESTED:
-                return self.move(inst, states.LOST, "gone at the provider without orch destroying it")
-            return inst
-        if remote.status == STOPPED and inst.state == states.READY:
-            if inst.spot:
-                return self.move(inst, states.PREEMPTED, "spot instance stopped by the provider (preempted)")
-            return self.move(inst, states.STOPPED, "stopped at the provider (from inside or its console)")
-        if remote.status == RUNNING and remote.endpoint and inst.state == states.READY:
-            ep = remote.endpoint
-            if (ep.host, ep.port) != (inst.ssh_host, inst.ssh_port):
-                return self.ledger.update(inst.id, ssh_host=ep.host, ssh_port=ep.port)
-        return inst
-
     def refresh(self, inst: Instance) -> Instance:
+        """The ledger row in line with what its provider shows now (see ``sync``)."""
+        from orchestrator.sync import sync
+
         if inst.provider_id is None or inst.state not in states.LIVE:
             return inst
-        return self.sync(inst, self.provider(inst.provider).get(inst.provider_id))
+        return sync(self, inst, self.provider(inst.provider).get(inst.provider_id))
+
+
+class _NoGPU(OrchError):
+    """The start was given up: the instance is stopped again, the ledger says so."""
+
+
+def _fingerprint(line: str) -> str:
+    import base64
+    import hashlib
+
+    try:
+        blob = base64.b64decode(line.split()[1])
+    except (IndexError, ValueError):
+        return "?"
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def _why(e: BaseException) -> str:
@@ -281,4 +419,4 @@ def _why(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
-__all__ = ["Orch", "check_request", "kill_point", "Request"]
+__all__ = ["Orch", "check_request", "check_name", "kill_point", "Request"]

@@ -7,7 +7,8 @@ added; Vast's ``dph_total`` and the Vast provider's ``spot_hr`` (min bid + stora
 
 Asking. Every provider is asked in its own thread, so an answer takes about as long as the
 slowest provider. A provider is asked when it is ``configured()`` (its key is in config.toml, the
-environment or its SDK's key file); the local provider only when this machine has GPUs. One that has no key or fails is
+environment or its SDK's key file); a provider that is no source of offers here (the local one on a machine without
+GPUs) is left out. One that has no key or fails is
 one error line and the others still answer: the answer is *partial* (``orch offers`` exits 3).
 Answers are cached under ``$ORCH_HOME/cache`` for ``offers_cache_seconds`` (config.toml, default
 60; 0 turns the cache off), keyed by provider, query and settings, because Vast.ai counts
@@ -34,8 +35,6 @@ import json
 import math
 import os
 import re
-import shutil
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -45,16 +44,13 @@ from typing import Any
 
 from orchestrator import gpus
 from orchestrator.errors import AuthError, NoCapacity, OrchError, UsageError
-from orchestrator.provider import HOURS_PER_MONTH, Offer, Request
+from orchestrator.provider import HOURS_PER_MONTH, Offer, Request, bid_with_margin
 
 MODES = ("spot", "on-demand", "both")
 DEFAULT_CACHE_SECONDS = 60
 DEFAULT_SPOT_MARGIN = 0.05
 DDP_EFFICIENCY = 0.85
 TRIAL_KEY = "orch_trial"
-
-# Environment that changes what a provider answers (its endpoint, its account): part of the cache key.
-ANSWER_ENV = ("RUNPOD_API_BASE_URL", "RUNPOD_API_KEY", "VAST_URL", "VAST_API_KEY")
 
 # The prior (trust level 4), an assumption and labelled so wherever it is used: a detector of
 # PRIOR_PARAMS_M million parameters trains PRIOR_IMAGES_PER_SECOND images/s at 640 px on the
@@ -233,45 +229,19 @@ def _one_line(e: BaseException) -> str:
 
 
 def _ask(home: Path, provider, request: Request, fresh: bool, ttl: float) -> tuple[list[Offer] | None, float | None]:
-    """(offers, age of the cached answer or None when asked live); (None, None): nothing to ask."""
-    if provider.name == "local":
-        return _local_offers(provider, request), None
+    """(offers, age of the cached answer or None when asked live); (None, None): no source of offers."""
     if not provider.configured():
         raise AuthError(f"no API key: set api_key under [providers.{provider.name}] in config.toml "
                         "(or the provider's own environment variable or key file)")
-    path = _cache_path(home, provider.name, provider.settings, request)
+    path = _cache_path(home, provider, request)
     if not fresh and ttl > 0:
         cached = _read_cache(path, ttl)
         if cached is not None:
             return cached
     found = provider.offers(request)
-    if ttl > 0:
+    if found is not None and ttl > 0:
         _write_cache(path, found)
     return found, None
-
-
-def _local_offers(provider, request: Request) -> list[Offer] | None:
-    """This machine's own GPUs, at the price config.toml gives them (default free)."""
-    names = provider.gpus
-    if not names:
-        return None
-    if request.gpus > len(names):
-        return []
-    price = float(provider.settings.get("price_per_hour", 0.0))
-    stopped = float(provider.settings.get("stopped_price_per_hour", 0.0))
-    return [Offer(provider="local", offer_id="local", gpu_name=names[0], gpus=request.gpus,
-                  vram_gb=_local_vram_gb(), price_hr=price, location="this machine",
-                  raw={"stopped_hr": stopped})]
-
-
-def _local_vram_gb() -> float:
-    smi = shutil.which("nvidia-smi")
-    try:
-        out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout if smi else ""
-        return float(out.split()[0]) / 1024
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return 0.0
 
 
 # -- the cache ---------------------------------------------------------------------------------
@@ -279,11 +249,13 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _cache_path(home: Path, name: str, settings: dict, request: Request) -> Path:
-    # Settings and keys enter only as a digest: the cache file holds no secret.
-    ident = {"provider": name, "gpus": request.gpus, "disk_gb": request.disk_gb, "spot": request.spot,
-             "settings": _digest(settings), "env": _digest({k: os.environ.get(k) for k in ANSWER_ENV})}
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+def _cache_path(home: Path, provider, request: Request) -> Path:
+    # Settings and keys enter only as a digest: the cache file holds no secret. The environment that
+    # says how to reach the provider (its key, its API address) changes what it answers.
+    ident = {"provider": provider.name, "gpus": request.gpus, "disk_gb": request.disk_gb, "spot": request.spot,
+             "settings": _digest(provider.settings),
+             "env": _digest({k: os.environ.get(k) for k in provider.env_keys})}
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", provider.name)
     return Path(home) / "cache" / f"offers-{safe}-{_digest(ident)[:24]}.json"
 
 
@@ -310,9 +282,9 @@ def _write_cache(path: Path, offers: list[Offer]) -> None:
 def _row(offer: Offer, disk_gb: int) -> Row:
     disk_hr = disk_gb * (offer.disk_gb_month or 0.0) / HOURS_PER_MONTH
     add = 0.0 if offer.disk_included else disk_hr
-    stopped = offer.raw.get("stopped_hr")
+    stopped = offer.stopped_hr
     if stopped is None:
-        per_gb = offer.raw.get("disk_gb_month_stopped", offer.disk_gb_month)
+        per_gb = offer.disk_gb_month_stopped if offer.disk_gb_month_stopped is not None else offer.disk_gb_month
         stopped = disk_gb * per_gb / HOURS_PER_MONTH if per_gb is not None else None
     return Row(offer=offer, gpu=gpus.canonical(offer.gpu_name), vram_gb=gpus.vram(offer.gpu_name, offer.vram_gb),
                price_hr=offer.price_hr + add if offer.price_hr is not None else None,
@@ -473,17 +445,6 @@ def job_for(model: str, epochs: int, data: str | None = None, dataset_gb: float 
 
 
 # -- launching the winner ----------------------------------------------------------------------
-def _live_bid(offer: Offer) -> float | None:
-    """The live minimum bid per GPU (the unit of ``Request.bid``) from the offer's raw answer:
-    RunPod quotes it per GPU, Vast per machine. None: the provider bids for itself."""
-    raw = offer.raw or {}
-    if offer.provider == "runpod":
-        return (raw.get("lowestPrice") or {}).get("minimumBidPrice")
-    if offer.provider == "vastai" and raw.get("min_bid") is not None:
-        return float(raw["min_bid"]) / max(offer.gpus, 1)
-    return None
-
-
 def describe(row: Row, mode: str) -> str:
     spot = mode == "spot"
     price = row.spot_hr if spot else row.price_hr
@@ -516,12 +477,8 @@ def pick_cheapest(orch, request: Request, spec, providers=None) -> tuple[str, Re
                          f"{', '.join(answer.asked) or 'any provider'}")
     best = answer.rows[0]
     bid = request.bid
-    if request.spot and bid is None:
-        live = _live_bid(best.offer)
-        if live:
-            margin = float(config.get("spot_margin", DEFAULT_SPOT_MARGIN))
-            # Rounded up so the margin never rounds below the live minimum.
-            bid = math.ceil(round(float(live) * (1 + margin) * 1000, 6)) / 1000
+    if request.spot and bid is None and best.offer.min_bid_per_gpu:
+        bid = bid_with_margin(best.offer.min_bid_per_gpu, float(config.get("spot_margin", DEFAULT_SPOT_MARGIN)))
     orch.say(f"cheapest: {describe(best, mode)}" + (f", bid {bid:.3f}" if request.spot and bid else ""))
     chosen = replace(request, gpu=best.offer.gpu_name, gpus=best.offer.gpus, offer=best.offer.offer_id, bid=bid)
     return best.offer.provider, chosen

@@ -48,5 +48,21 @@ def provider_class(name: str) -> type:
     return known[name]
 
 
+def embedded() -> str:
+    """The provider that needs no account and no network (it declares ``embedded``): the demo's,
+    and the default where config.toml names none."""
+    found = sorted(name for name, cls in providers().items() if getattr(cls, "embedded", False))
+    if not found:
+        raise UsageError("no embedded provider is installed: name one with --provider")
+    return found[0]
+
+
+def default_provider() -> str:
+    from orchestrator import config
+
+    name = config.get("default_provider")
+    return embedded() if name is None else name  # a name given, even a wrong one, is checked where it is used
+
+
 def broadcast(instance, event) -> None:
     manager().hook.instance_event(instance=instance, event=event)

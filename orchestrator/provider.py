@@ -1,23 +1,29 @@
 """What a provider is: a few verbs over one cloud, and an honest list of what it can do.
 
-A provider never pretends. A listing that fails raises; ``destroy`` returns only once the
-provider confirms the instance is gone; a capability it lacks is declared, so the CLI can say
-"not supported by <provider>" instead of failing halfway.
+A provider never pretends. A listing that fails raises; ``destroy`` is idempotent and returns only
+once the provider confirms the instance is gone; a capability it lacks is declared, so the CLI can
+say "not supported by <provider>" instead of failing halfway. Whatever differs between providers
+is a method or a declared attribute here, so the core never names one: a new provider is one file.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, Callable, ClassVar
 
 from orchestrator.errors import SSHError, UsageError
 
 TAG = "orch"
-_LABEL = re.compile(rf"^{TAG}-(?P<id>[0-9a-f]{{12}})-(?P<name>.+)$")
+# The whole label: fullmatch, so a name with a trailing newline never passes.
+_LABEL = re.compile(rf"{TAG}-(?P<id>[0-9a-f]{{12}})-(?P<name>[a-z0-9][a-z0-9-]{{0,39}})")
 
-# Volume and container storage bill per GB-month; a month is 730 hours for every provider here.
+# Volume and container storage bill per GB-month; orch counts a month as 730 hours (365 × 24 / 12),
+# the figure the stop-vs-destroy arithmetic is written in. A provider that divides by another month
+# (Vast.ai: 720 h) says so through its own prices.
 HOURS_PER_MONTH = 730.0
 
 
@@ -28,13 +34,32 @@ def label_for(instance_id: str, name: str) -> str:
 
 def parse_label(label: str | None) -> tuple[str, str] | None:
     """(ledger id, name) from a provider-side label, or None when it is not orch's."""
-    m = _LABEL.match(label or "")
+    m = _LABEL.fullmatch(label or "")
     return (m["id"], m["name"]) if m else None
 
 
-def stopped_rate(disk_gb: float, per_gb_month: float) -> float:
-    """The seed's arithmetic: what a stopped machine's disk bills per hour."""
-    return disk_gb * per_gb_month / HOURS_PER_MONTH
+def stopped_rate(disk_gb: float, per_gb_month: float, hours_per_month: float = HOURS_PER_MONTH) -> float:
+    """What a stopped machine's disk bills per hour: GB × $/GB-month / hours in a month."""
+    return disk_gb * per_gb_month / hours_per_month
+
+
+def bid_with_margin(minimum_per_gpu: float, margin: float) -> float:
+    """A spot bid per GPU: the live minimum plus ``margin``, rounded up to a tenth of a cent so the
+    margin never rounds below the minimum (the inner round drops float noise: 0.40 × 1.05 × 1000
+    is 420.00000000000006)."""
+    return math.ceil(round(minimum_per_gpu * (1 + margin) * 1000, 6)) / 1000
+
+
+class Status(Enum):
+    """What a provider says of an instance right now. Not a ledger state (``states``): ``sync``
+    turns one into the other, and an Enum never compares equal to a state's string by accident."""
+
+    PENDING = "pending"        # being made or booting
+    RUNNING = "running"
+    SCHEDULING = "scheduling"  # a start was accepted; the host has no GPU free for it yet
+    STOPPED = "stopped"
+    BROKEN = "broken"          # the container exited or the host dropped: it will not run by itself
+    GONE = "gone"
 
 
 @dataclass(frozen=True)
@@ -43,11 +68,11 @@ class Capabilities:
     spot: bool = False
     cpu_only: bool = False
     gpu: bool = True
-    self_stop: bool = False
+    self_stop: bool = False     # the instance can stop itself (the watchdog's way out)
     self_destroy: bool = False
-    volumes: bool = False
-    # RunPod staff have said its spot mutation is being phased out: callers may want to know.
-    spot_may_disappear: bool = False
+    # The image makes new SSH host keys at every start (RunPod's images do): right after a start
+    # that orch asked for and the provider confirmed, orch pins the new key instead of refusing it.
+    new_host_key_on_start: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,24 +98,28 @@ class Request:
     env: dict[str, str] = field(default_factory=dict)
 
 
-# Normalised provider-side states.
-PENDING, RUNNING, STOPPED, GONE = "pending", "running", "stopped", "gone"
-
-
 @dataclass
 class Remote:
     """One instance as its provider sees it right now."""
 
     provider_id: str
     label: str
-    status: str  # PENDING, RUNNING, STOPPED or GONE
-    endpoint: Endpoint | None = None
+    status: Status
+    endpoint: Endpoint | None = None  # the route the provider prefers
+    routes: list[Endpoint] = field(default_factory=list)  # every route it offers, preferred first
     price_hr: float | None = None
     stopped_price_hr: float | None = None
     gpu_name: str | None = None
     gpus: int = 0
     spot: bool = False
+    preempted: bool = False  # stopped or ended by the provider's spot market, not by anyone's request
+    detail: str = ""  # the provider's own word for its state ("exited", "offline", ...)
+    since: float | None = None  # when it entered that state, epoch seconds, where the provider says
     raw: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.endpoint and self.endpoint not in self.routes:
+            self.routes = [self.endpoint, *self.routes]
 
 
 @dataclass
@@ -106,9 +135,13 @@ class Offer:
     reliability: float | None = None
     location: str | None = None
     stock: str | None = None
-    # Whether price_hr / spot_hr already count the requested disk (Vast.ai) or leave it to be added
-    # at disk_gb_month (RunPod bills its volume on top).
+    # Whether price_hr / spot_hr already count the requested disk, or leave it to be added at
+    # disk_gb_month (RunPod bills its volume on top).
     disk_included: bool = True
+    disk_gb_month_stopped: float | None = None  # $/GB-month while stopped, where it differs (RunPod: twice)
+    stopped_hr: float | None = None  # a flat stopped $/hr, where the provider sets one (the local provider)
+    min_bid_per_gpu: float | None = None  # the live minimum spot bid per GPU, where the market has bids
+    note: str | None = None  # what a user should know of this price (a table's date, say)
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,6 +154,10 @@ class Provider:
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
     ssh_user: ClassVar[str] = "root"
+    embedded: ClassVar[bool] = False  # needs no account and no network: the default provider
+    # Environment variables that say how to reach this provider (its key, its API address): the
+    # scheduled reaper carries them, and they key the offers cache.
+    env_keys: ClassVar[tuple[str, ...]] = ()
     # Settings that must be numbers, each with its least value: a typo in config.toml is refused
     # before anything is rented, not found by a crash halfway through.
     numeric_settings: ClassVar[dict[str, float]] = {}
@@ -152,20 +189,32 @@ class Provider:
         raise UsageError(f"stop is not supported by {self.name}")
 
     def start(self, provider_id: str) -> Remote:
+        """Ask for a start and return at once: the caller waits (bounded) for it to run."""
         raise UsageError(f"start is not supported by {self.name}")
 
     def destroy(self, provider_id: str) -> None:
         """Idempotent: an instance already gone is success. Returns once confirmed gone."""
         raise NotImplementedError
 
-    def offers(self, request: Request) -> list[Offer]:
-        return []
+    def offers(self, request: Request) -> list[Offer] | None:
+        """Live offers for ``request``; None where this provider is no source of offers (here)."""
+        return None
 
     # -- shared behaviour --------------------------------------------------------------
+    @property
+    def poll_seconds(self) -> float:
+        """How often orch asks this provider while it waits for something (setting ``poll_seconds``)."""
+        value = self.settings.get("poll_seconds")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 2.0
+
     def configured(self) -> bool:
         """Whether orch has what it needs to ask this provider anything (its credentials, say);
         ``orch reconcile`` lists every configured provider. Override where a key is needed."""
         return True
+
+    def capabilities_for(self, spot: bool) -> Capabilities:
+        """What an instance rented this way can do (a one-time spot instance may not stop)."""
+        return self.capabilities
 
     def validate(self, request: Request) -> None:
         """Refuse what this provider cannot do, before anything is created."""
@@ -176,27 +225,31 @@ class Provider:
             raise UsageError(f"{self.name} has no GPUs: use --cpu")
         if request.spot and not caps.spot:
             raise UsageError(f"spot instances are not supported by {self.name}")
+        if request.bid is not None and not request.spot:
+            raise UsageError("--bid is a spot price: add --spot")
 
     def find(self, label: str) -> Remote | None:
         """Look an instance up by its label (after a create that errored, or a crash)."""
         for remote in self.list():
-            if remote.label == label and remote.status != GONE:
+            if remote.label == label and remote.status != Status.GONE:
                 return remote
         return None
 
     def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
                  interval: float = 2.0) -> Remote:
-        """Poll until the provider shows an SSH endpoint that answers, bounded."""
+        """Poll until the instance runs and one of its routes answers SSH, bounded. An instance
+        that can no longer get there (gone, broken, stopped) fails at once."""
         deadline = time.monotonic() + timeout
         last = None
         while True:
             remote = self.get(provider_id)
-            if remote.status == GONE:
-                raise SSHError(f"{self.name} instance {provider_id} disappeared while waiting for SSH")
+            if remote.status in (Status.GONE, Status.BROKEN, Status.STOPPED):
+                what = f"{remote.status.value}" + (f" ({remote.detail})" if remote.detail else "")
+                raise SSHError(f"{self.name} instance {provider_id} is {what} while waiting for SSH")
             answering = self.reachable(remote, progress)
             if answering is not None:
                 return answering
-            note = f"waiting for SSH ({remote.status})"
+            note = f"waiting for SSH ({remote.detail or remote.status.value})"
             if progress and note != last:
                 progress(note)
                 last = note
@@ -205,26 +258,38 @@ class Provider:
             time.sleep(interval)
 
     def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
-        """The instance with an endpoint that answers now, else None. A provider with more than
-        one route to its instances (Vast.ai's direct port and proxy) chooses here."""
-        return remote if remote.endpoint and tcp_open(remote.endpoint) else None
+        """The instance with ``endpoint`` set to a route that answers now, else None (its routes are
+        tried in the provider's order: Vast.ai offers a direct port and a proxy)."""
+        if remote.status != Status.RUNNING:
+            return None
+        for route in remote.routes:
+            if tcp_open(route):
+                return replace(remote, endpoint=route)
+        return None
 
     def prices(self, remote: Remote) -> tuple[float, float]:
         """(running $/hr, stopped $/hr for the disk it keeps)."""
         return (remote.price_hr or 0.0, remote.stopped_price_hr or 0.0)
 
-    def remote_env(self, remote: Remote) -> dict[str, str]:
-        """Environment the instance's own processes need (e.g. to stop themselves)."""
-        return {}
+    def account_key(self, public_key: str) -> str:
+        """How orch's SSH key reaches this provider's instances, checked where the account holds
+        keys (raise when it should and does not)."""
+        return "passed to every instance orch creates"
 
-    def self_stop_command(self, destroy: bool) -> str | None:
+    def vouched_host_key(self, provider_id: str) -> str | None:
+        """The instance's SSH host key where the provider can vouch for it ('ssh-ed25519 AAAA...');
+        None: orch pins the key the instance shows at first contact."""
+        return None
+
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str | None:
         """A POSIX shell snippet that, run on the instance, stops (or destroys) it through the
-        provider's API with the instance's own credentials from its environment. None where the
-        provider offers no way to do that (``capabilities.self_stop`` says so too)."""
+        provider with the instance's own credentials (from its container's environment, never
+        a command line). None where the provider offers no way (``capabilities`` says so too)."""
         return None
 
 
 def tcp_open(endpoint: Endpoint, timeout: float = 2.0) -> bool:
+    """Whether an SSH server answers there: its banner, not just an open port."""
     import socket
 
     try:

@@ -26,7 +26,8 @@ from typing import Iterable
 
 from orchestrator import claims, states
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.provider import GONE, PENDING, RUNNING, STOPPED, Provider, Remote, parse_label
+from orchestrator.provider import Provider, Remote, Status, parse_label
+from orchestrator.sync import sync
 
 ACTOR = "reconcile"
 LAST_RUN = "reconcile:last_run"
@@ -75,18 +76,13 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def _utc(dt: datetime) -> datetime:
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt  # SQLite hands back naive UTC
-
-
 def _iso(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _why(e: BaseException) -> str:
-    from orchestrator.lifecycle import _why as why
-
-    return why(e)
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
 
 
 def configured(orch) -> list[str]:
@@ -168,19 +164,14 @@ def _settle(orch, provider: Provider, row, listed: dict[str, Remote], pr: Provid
             return
         remote = listed.get(inst.provider_id) or provider.get(inst.provider_id)
         before = inst.state
-        if remote.status == GONE:
-            inst = orch.sync(inst, remote)
-            (pr.destroyed if inst.state == states.DESTROYED else pr.lost).append(inst.name)
-        elif inst.state == states.PROVISIONING:
-            _abandoned(orch, inst, pr)
-        elif inst.state == states.DESTROYING:
-            orch.down(inst, "finishing a destroy that an interrupted orch had begun")
+        inst = sync(orch, inst, remote)
+        if inst.state == states.DESTROYED:
             pr.destroyed.append(inst.name)
-        elif inst.state in (states.STOPPING, states.STARTING):
-            inst = _interrupted(orch, inst, remote)
-        else:
-            inst = orch.sync(inst, remote)
-        if inst.state != before and inst.state not in states.TERMINAL:
+        elif inst.state == states.LOST:
+            pr.lost.append(inst.name)
+        elif inst.state == states.PROVISIONING:
+            pr.abandoned.append(inst.name)
+        elif inst.state != before:
             pr.settled.append(f"{inst.name}: {before} -> {inst.state}")
 
 
@@ -199,38 +190,8 @@ def settle_requested(orch, provider: Provider, inst, pr: ProviderReport):
                      gpu_name=found.gpu_name)
 
 
-def _abandoned(orch, inst, pr: ProviderReport) -> None:
-    from orchestrator import policy
-
-    grace_min = policy.of(inst).idle_minutes
-    age_min = (_now() - _utc(inst.updated_at)).total_seconds() / 60
-    if inst.protected or age_min < grace_min:
-        pr.abandoned.append(inst.name)
-        return
-    orch.down(inst, f"left half-made by an interrupted `orch up` {age_min:.0f} min ago and never verified: "
-                    "destroyed so it does not keep billing")
-    pr.destroyed.append(inst.name)
-
-
-def _interrupted(orch, inst, remote: Remote):
-    """A stop or start that its orch did not see through: take what the provider shows."""
-    verb = "stop" if inst.state == states.STOPPING else "start"
-    if remote.status == STOPPED:
-        return orch.move(inst, states.STOPPED, f"the interrupted {verb} left it stopped at the provider")
-    if remote.status == RUNNING:
-        fields = {}
-        if remote.endpoint:
-            fields = dict(ssh_host=remote.endpoint.host, ssh_port=remote.endpoint.port)
-        return orch.move(inst, states.READY, f"the interrupted {verb} left it running at the provider", **fields)
-    return inst  # still moving at the provider: the next pass looks again
-
-
 def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None:
-    from sqlalchemy.exc import IntegrityError
-    from sqlmodel import select
-
-    from orchestrator import plugins
-    from orchestrator.ledger import Event, Instance, new_id
+    from orchestrator.ledger import Instance, new_id
 
     parsed = parse_label(remote.label)
     if parsed is None:
@@ -241,50 +202,37 @@ def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None
             pr.busy.append(remote.label)
             return
         ledger = orch.ledger
-        with ledger.session() as s:
-            if s.exec(select(Instance).where(Instance.provider == provider.name,
-                                             Instance.provider_id == remote.provider_id,
-                                             Instance.state.in_(states.LIVE))).first():
-                return  # another reconcile adopted it meanwhile
         remote = provider.get(remote.provider_id)  # the listing may be minutes old by now
-        if remote.status == GONE:
+        if remote.status == Status.GONE:
             return
+        remote = provider.reachable(remote) or remote  # the route that answers (Vast.ai's proxy, say)
         earlier = ledger.get(label_id)
         iid = label_id if earlier is None else new_id()
-        name = label_name[:64]
+        name = label_name
         if ledger.by_name(name) is not None:
-            name = f"{label_name[:50]}-{iid[:6]}"
-        state = {RUNNING: states.READY, PENDING: states.READY,
-                 STOPPED: states.PREEMPTED if remote.spot else states.STOPPED}[remote.status]
+            name = f"{label_name[:33]}-{iid[:6]}"
+        state = {Status.RUNNING: states.READY, Status.PENDING: states.READY,
+                 Status.SCHEDULING: states.SCHEDULING, Status.BROKEN: states.BROKEN,
+                 Status.STOPPED: states.PREEMPTED if remote.spot else states.STOPPED}[remote.status]
         price, stopped = provider.prices(remote)
         ep = remote.endpoint
-        vouched = getattr(provider, "host_key", None)
         inst = Instance(
             id=iid, name=name, provider=provider.name, provider_id=remote.provider_id, label=remote.label[:128],
             state=state, gpu=remote.gpu_name and remote.gpu_name[:64], gpus=remote.gpus, cpu_only=remote.gpus == 0,
             spot=remote.spot, gpu_name=remote.gpu_name and remote.gpu_name[:128], price_hr=price,
             stopped_price_hr=stopped, ssh_host=ep.host if ep else None, ssh_port=ep.port if ep else None,
-            ssh_user=ep.user if ep else None, host_key=vouched(remote.provider_id) if vouched and ep else None)
+            ssh_user=ep.user if ep else None,
+            host_key=provider.vouched_host_key(remote.provider_id) if ep else None)
         how = f"though the ledger recorded it {earlier.state}" if earlier else "unknown to this ledger"
-        reason = (f"adopted: {provider.name} shows {remote.provider_id} ({remote.label}, {remote.status}) "
+        reason = (f"adopted: {provider.name} shows {remote.provider_id} ({remote.label}, {remote.status.value}) "
                   f"carrying orch's tag, {how}")
         with claims.try_hold(ledger, name) as free:
             if not free:
                 pr.busy.append(name)
                 return
-            try:
-                with ledger.session() as s:
-                    if s.exec(select(Instance).where(Instance.name == name, Instance.state.in_(states.LIVE))).first():
-                        raise UsageError(f"the name {name!r} was taken meanwhile")
-                    s.add(inst)
-                    s.flush()
-                    s.add(Event(instance_id=iid, from_state=None, to_state=state, reason=reason, actor=ACTOR))
-                    s.commit()
-            except IntegrityError:
-                return  # the same id written by a concurrent reconcile
+            if ledger.adopt(inst, reason, ACTOR) is None:
+                return  # adopted meanwhile by a concurrent reconcile, or the name was taken
     pr.adopted.append(name)
-    plugins.broadcast(ledger.get(iid), {"from": None, "to": state, "reason": reason, "actor": ACTOR,
-                                        "at": _now()})
 
 
 def leftover(orch, name: str, provider_name: str, request):
@@ -305,7 +253,7 @@ def leftover(orch, name: str, provider_name: str, request):
         inst = settle_requested(orch, provider, inst, ProviderReport(provider_name))
         if inst.state == states.FAILED:
             return None
-    if provider.get(inst.provider_id).status == GONE:
+    if provider.get(inst.provider_id).status == Status.GONE:
         orch.move(inst, states.LOST, f"gone at {provider_name} before `orch up` could finish it")
         return None
     return inst

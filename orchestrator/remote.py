@@ -1,11 +1,14 @@
 """SSH to an instance through Fabric, with its host key pinned.
 
-The first contact records the host key the instance shows (or the one its provider vouched
-for, as the local provider does); every later connection refuses any other key.
+The first contact records the host key the instance shows (or the one its provider vouched for,
+as the local provider does); every later connection refuses any other key. The one exception is
+``rekey``: right after a start that orch asked for and the provider confirmed, on a provider whose
+images make new host keys at every start, the new key is accepted and reported to the caller.
 """
 
 from __future__ import annotations
 
+import base64
 import shlex
 import socket
 from pathlib import Path
@@ -13,24 +16,36 @@ from typing import Callable
 
 from orchestrator.errors import HostKeyMismatch, SSHError
 
+# A user name as the ssh client and sshd take one: never an option (a leading '-').
+USER = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
 
 def _pkey(line: str):
     import paramiko
 
     kind, b64 = line.split()[:2]
-    return paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(b64))
+    return paramiko.PKey.from_type_string(kind, base64.b64decode(b64))
 
 
 def host_id(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def check_user(user: str) -> str:
+    if not USER.fullmatch(user or ""):
+        raise SSHError(f"{user!r} is not an SSH user name orch will use")
+    return user
+
+
 def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
-            on_first_key: Callable[[str], None] | None = None, timeout: float = 15.0):
-    """An open Fabric Connection. ``host_key`` None means trust-on-first-use via ``on_first_key``."""
+            on_new_key: Callable[[str], None] | None = None, timeout: float = 15.0, rekey: bool = False):
+    """An open Fabric Connection. ``host_key`` None: trust on first use, reported to ``on_new_key``.
+    ``rekey``: accept a key other than ``host_key`` too, and report it the same way."""
     import paramiko
     from fabric import Config, Connection
 
+    check_user(user)
+    _quiet_paramiko()
     cfg = Config(overrides={"run": {"in_stream": False, "hide": True, "warn": True},
                             "load_ssh_configs": False})
     conn = Connection(host, user=user, port=port, config=cfg, connect_timeout=timeout, connect_kwargs={
@@ -40,14 +55,15 @@ def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
     client = conn.client
     client._system_host_keys.clear()  # never the user's ~/.ssh/known_hosts: only the pinned key
     client.get_host_keys().clear()
-    if host_key:
+    if host_key and not rekey:
         client.get_host_keys().add(host_id(host, port), host_key.split()[0], _pkey(host_key))
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
     else:
         class Pin(paramiko.MissingHostKeyPolicy):
             def missing_host_key(self, _client, _hostname, key):
-                if on_first_key:
-                    on_first_key(f"{key.get_name()} {key.get_base64()}")
+                line = f"{key.get_name()} {key.get_base64()}"
+                if on_new_key and line != " ".join((host_key or "").split()[:2]):
+                    on_new_key(line)
 
         client.set_missing_host_key_policy(Pin())
     try:
@@ -64,7 +80,17 @@ def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
         raise SSHError(f"SSH to {host}:{port} failed: {e}") from None
     except OSError as e:
         raise SSHError(f"cannot reach {host}:{port}: {e}") from None
+    except EOFError:
+        raise SSHError(f"SSH to {host}:{port} failed: the connection closed during the handshake") from None
     return conn
+
+
+def _quiet_paramiko() -> None:
+    """paramiko's transport thread logs its own tracebacks ("Error reading SSH protocol banner")
+    when an endpoint is silent: orch reports the failure itself, in one line."""
+    import logging
+
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
 def home(conn) -> str:
@@ -95,7 +121,7 @@ def run(conn, command: str, check: bool = True, timeout: float | None = None, en
         import secrets
 
         script = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
-        path = put_text(conn, script, f".orch/env.{secrets.token_hex(4)}")
+        path = shlex.quote(put_text(conn, script, f".orch/env.{secrets.token_hex(4)}"))
         command = f". {path}; rm -f {path}; {command}"
     # Invoke feeds a non-tty stdin one byte per 10 ms: never send anything large that way.
     result = conn.run(command, timeout=timeout, in_stream=False)

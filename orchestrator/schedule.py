@@ -25,9 +25,15 @@ from orchestrator.errors import OrchError, UsageError
 
 BACKENDS = ("systemd", "cron", "loop")
 # Carried into the scheduled pass when set at install time: where the ledger is, how to reach
-# each provider (its key, its API address), and no more.
-CARRIED = ("ORCH_HOME", "ORCH_DATABASE_URL", "RUNPOD_API_KEY", "RUNPOD_API_BASE_URL", "VAST_API_KEY", "VAST_URL",
-           "ORCH_WATCHDOG", "PATH")
+# each provider (its key, its API address: each provider's ``env_keys``), and no more.
+CARRIED = ("ORCH_HOME", "ORCH_DATABASE_URL", "ORCH_WATCHDOG", "PATH")
+
+
+def carried() -> tuple[str, ...]:
+    from orchestrator import plugins
+
+    keys = [k for cls in plugins.providers().values() for k in getattr(cls, "env_keys", ())]
+    return tuple(dict.fromkeys([*CARRIED, *keys]))
 
 
 def parse_every(text: str) -> int:
@@ -67,7 +73,7 @@ def detect() -> str:
 
 
 def write_env(home: Path) -> tuple[Path, list[str]]:
-    env = {k: os.environ[k] for k in CARRIED if os.environ.get(k)}
+    env = {k: os.environ[k] for k in carried() if os.environ.get(k)}
     env["ORCH_HOME"] = str(Path(home).resolve())
     path = Path(home) / "reaper.env"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -251,6 +257,9 @@ def uninstall(ledger) -> dict | None:
         return None
     _OPS[info["backend"]][1](info)
     ledger.set_meta("reaper:schedule", "")
+    env_file = info.get("env_file")
+    if env_file:
+        Path(env_file).unlink(missing_ok=True)  # it holds provider keys: nothing left behind
     return info
 
 

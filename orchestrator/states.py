@@ -1,12 +1,19 @@
-"""The instance lifecycle as an explicit state machine; anything not listed here is refused."""
+"""The instance lifecycle in the ledger, as an explicit state machine; anything not listed is refused.
+
+These are the ledger's states. What a provider says of an instance right now is another type
+(``provider.Status``); ``sync`` turns the one into the other.
+"""
 
 REQUESTED = "requested"        # intent written, provider not called yet (or call in flight)
 PROVISIONING = "provisioning"  # provider created it; SSH, provisioning and verify under way
 READY = "ready"                # verified, usable
 STOPPING = "stopping"
 STOPPED = "stopped"            # no compute billed; the disk may still bill
-STARTING = "starting"
-PREEMPTED = "preempted"        # a spot instance stopped by the provider, not by us
+STARTING = "starting"          # orch asked for a start: waiting, then provisioning and verify again
+SCHEDULING = "scheduling"      # a start was accepted and waits for the host to free a GPU (Vast.ai)
+UNATTENDED = "unattended"      # running at the provider though orch neither started nor prepared it: it bills
+BROKEN = "broken"              # its container exited or its host dropped: it will not run again by itself
+PREEMPTED = "preempted"        # a spot instance stopped (or ended) by the provider, not by us
 DESTROYING = "destroying"
 DESTROYED = "destroyed"        # confirmed gone at the provider
 FAILED = "failed"              # never came to exist at the provider
@@ -14,12 +21,15 @@ LOST = "lost"                  # gone at the provider without orch destroying it
 
 TRANSITIONS: dict[str, set[str]] = {
     REQUESTED: {PROVISIONING, FAILED, DESTROYING, LOST},
-    PROVISIONING: {READY, DESTROYING, STOPPING, PREEMPTED, LOST},
-    READY: {STOPPING, STOPPED, DESTROYING, PREEMPTED, PROVISIONING, LOST},  # STOPPED: stopped from inside
-    STOPPING: {STOPPED, READY, DESTROYING, LOST},
-    STOPPED: {STARTING, DESTROYING, LOST},
-    STARTING: {READY, STOPPED, PREEMPTED, DESTROYING, PROVISIONING, LOST},
-    PREEMPTED: {STARTING, DESTROYING, STOPPED, LOST},
+    PROVISIONING: {READY, DESTROYING, STOPPING, PREEMPTED, BROKEN, LOST},
+    READY: {STOPPING, STOPPED, DESTROYING, PREEMPTED, PROVISIONING, BROKEN, LOST},  # STOPPED: from inside
+    STOPPING: {STOPPED, READY, BROKEN, DESTROYING, LOST},
+    STOPPED: {STARTING, SCHEDULING, UNATTENDED, BROKEN, DESTROYING, LOST},
+    STARTING: {READY, STOPPING, STOPPED, SCHEDULING, UNATTENDED, PREEMPTED, BROKEN, DESTROYING, LOST},
+    SCHEDULING: {STARTING, STOPPING, STOPPED, UNATTENDED, BROKEN, DESTROYING, LOST},
+    UNATTENDED: {STARTING, STOPPING, STOPPED, SCHEDULING, PREEMPTED, BROKEN, DESTROYING, LOST},
+    BROKEN: {READY, UNATTENDED, STOPPING, STOPPED, DESTROYING, LOST},
+    PREEMPTED: {STARTING, SCHEDULING, UNATTENDED, STOPPED, BROKEN, DESTROYING, LOST},
     DESTROYING: {DESTROYED, LOST},
     DESTROYED: set(),
     FAILED: set(),
@@ -28,9 +38,12 @@ TRANSITIONS: dict[str, set[str]] = {
 
 TERMINAL = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 LIVE = frozenset(TRANSITIONS) - TERMINAL
-# States in which the provider bills compute (and the disk); the cost report reads these.
-BILLING_COMPUTE = frozenset({PROVISIONING, READY, STOPPING, STARTING})
-BILLING_DISK_ONLY = frozenset({STOPPED, PREEMPTED})
+# What the provider bills in each state; the cost report reads these. A broken instance is billed
+# as running until it is destroyed (Vast.ai bills an exited container as running).
+BILLING_COMPUTE = frozenset({PROVISIONING, READY, STOPPING, STARTING, UNATTENDED, BROKEN})
+BILLING_DISK_ONLY = frozenset({STOPPED, PREEMPTED, SCHEDULING})
+# Another orch process is moving the instance through these (or `orch reconcile` settles them).
+IN_PROGRESS = frozenset({REQUESTED, PROVISIONING, STARTING, STOPPING, DESTROYING})
 
 
 def allowed(src: str, dst: str) -> bool:

@@ -1,25 +1,34 @@
 """A training run from the controller's side: data staged, LibreYOLO started, watched, pulled.
 
-What runs on the instance is in ``playbooks/train.py``; this module decides what to run, keeps
-the ledger's ``runs`` row in step, and turns ``status.json`` into what a user wants to see.
+What runs on the instance is in ``playbooks/``; this module decides what to run, keeps the
+ledger's ``runs`` row in step, and turns ``status.json`` (untrusted: the instance wrote it) into
+what a user wants to see.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from orchestrator import claims
 from orchestrator.errors import OrchError, UsageError
+from orchestrator.text import clean
 
 DEFAULT_SEED = 0
 # status.json is rewritten every epoch; a live process whose file has not moved for this long is
 # shown as stalled (an epoch can be long, so this only informs, it never kills).
 STALL_SECONDS = 30 * 60
+# LibreYOLO train keys that orch sets itself, each with the flag that sets it (None: orch alone).
+OWNED = {"data": "--data", "project": None, "name": None, "exist_ok": None, "resume": "--resume", "model": "--model",
+         "epochs": "--epochs", "imgsz": "--imgsz", "batch": "--batch", "save_period": "--save-period",
+         "device": "--gpus/--cpu", "seed": None}
+ENDED = ("completed", "failed", "crashed")
 
 
 @dataclass
@@ -40,42 +49,55 @@ class TrainSpec:
 
 
 def parse_train_args(pairs: list[str]) -> dict[str, str]:
+    """``--train-arg key=value`` pairs. A value never begins with '-' (LibreYOLO's parser would read it
+    as an option: ``amp=--project=/x`` moved the run folder), and no key orch owns is taken, however
+    it is spelt."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip() or not key.replace("_", "").isalnum():
-            raise UsageError(f"--train-arg takes key=value, not {pair!r}")
-        out[key.strip()] = value.strip()
-    reserved = {"data", "project", "name", "exist_ok", "resume"} & set(out)
-    if reserved:
-        raise UsageError(f"--train-arg cannot set {', '.join(sorted(reserved))}: orch manages them")
+        key, value = key.strip(), value.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,40}", key):
+            raise UsageError(f"--train-arg takes key=value with a plain key, not {pair!r}")
+        if value.startswith("-") and not re.fullmatch(r"-[0-9.]+(e-?[0-9]+)?", value):
+            raise UsageError(f"--train-arg {key}: a value may not begin with '-' (it would be read as an option)")
+        if not value or any(not c.isprintable() for c in value):
+            raise UsageError(f"--train-arg {key} needs a printable value")
+        canonical = key.lower()
+        if canonical in OWNED:
+            flag = OWNED[canonical]
+            raise UsageError(f"--train-arg cannot set {key}: orch manages it" + (f" (use {flag})" if flag else ""))
+        out[canonical] = value
     return out
 
 
 def check_spec(spec: TrainSpec) -> None:
+    if not spec.data or not spec.data.strip():
+        raise UsageError("--data needs a dataset folder or hf://ORG/REPO/FILE.tar")
+    if not spec.model or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", spec.model):
+        raise UsageError(f"--model takes a LibreYOLO model name such as yolo9-t, not {spec.model!r}")
     if not 1 <= spec.epochs <= 100_000:
         raise UsageError(f"--epochs must be between 1 and 100000, not {spec.epochs}")
     if spec.imgsz is not None and not 32 <= spec.imgsz <= 8192:
         raise UsageError(f"--imgsz must be between 32 and 8192, not {spec.imgsz}")
-    if spec.batch is not None and (spec.batch == 0 or spec.batch < -1):
-        raise UsageError(f"--batch must be -1 (autobatch) or a positive number, not {spec.batch}")
-    if spec.save_period is not None and spec.save_period < 1:
-        raise UsageError(f"--save-period must be at least 1, not {spec.save_period}")
+    if spec.batch is not None and (spec.batch == 0 or spec.batch < -1 or spec.batch > 65536):
+        raise UsageError(f"--batch must be -1 (autobatch) or between 1 and 65536, not {spec.batch}")
+    if spec.save_period is not None and not 1 <= spec.save_period <= 100_000:
+        raise UsageError(f"--save-period must be between 1 and 100000, not {spec.save_period}")
     if spec.push_to:
-        from orchestrator.hub import _check_repo_id
+        from orchestrator.hub import check_repo_id
 
         if not spec.push_to.startswith("hf://"):
             raise UsageError(f"--push-to takes hf://ORG/REPO, not {spec.push_to!r}")
-        _check_repo_id(spec.push_to[5:].strip("/"))
+        check_repo_id(spec.push_to[5:].strip("/"))
 
 
 def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
     """Everything about the data that can be checked before anything is rented."""
     check_spec(spec)
     if spec.data.startswith("hf://"):
-        from orchestrator.hub import parse_hf
+        from orchestrator.hub import dataset_size
 
-        parse_hf(spec.data)
+        spec.data_bytes = dataset_size(spec.data)
         return spec
     from orchestrator import dataset
 
@@ -107,6 +129,14 @@ def disk_for(spec: TrainSpec) -> tuple[int, str]:
     from orchestrator.dataset import suggest_disk_gb
 
     return suggest_disk_gb(spec.data_bytes or 0, spec.model, spec.epochs, spec.save_period)
+
+
+def extract_limits(disk_gb: int, data_bytes: int | None) -> tuple[int, int]:
+    """(bytes, members) a dataset tar may unpack to on an instance of ``disk_gb``: what the disk
+    was sized for (half of it, and never less than twice the known data), and a member count no
+    real dataset of that size needs."""
+    limit = max(int(disk_gb * 1e9 / 2), 2 * (data_bytes or 0), 64 * 2**20)
+    return limit, max(limit // 512, 10_000)
 
 
 def _value(v: str) -> Any:
@@ -145,7 +175,7 @@ def train_keys(spec: TrainSpec, data_yaml: str, project: str, name: str, gpus: i
 def entry_spec(keys: dict[str, Any], name: str, gpus: int, push_to: str | None) -> dict:
     """What train_entry.py runs: the CLI for one device, the Python API for a device list or a push."""
     if gpus > 1 or push_to:
-        return {"mode": "api", "name": name, "kwargs": keys, "push": bool(push_to)}
+        return {"mode": "api", "name": name, "kwargs": keys, "push_to": push_to[5:].strip("/") if push_to else None}
     argv = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()]
     return {"mode": "cli", "name": name, "argv": argv}
 
@@ -153,28 +183,32 @@ def entry_spec(keys: dict[str, Any], name: str, gpus: int, push_to: str | None) 
 HUB_ENV = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_DISABLE_XET")
 
 
-def secrets_env() -> dict[str, str]:
-    """The hub settings the instance needs; they travel in a 0600 file, never on a command line."""
+def hub_env() -> dict[str, str]:
+    """The hub settings, for the commands that talk to the hub and no others; they travel in a
+    0600 file, never on a command line."""
     return {k: os.environ[k] for k in HUB_ENV if os.environ.get(k)}
 
 
 # -- launch ------------------------------------------------------------------------------------
 def launch(orch, inst, spec: TrainSpec) -> Any:
     """Stage the data and start training on a ready instance; returns the ledger's run row."""
-    from playbooks import train
+    from orchestrator.lifecycle import kill_point
+    from playbooks import host, train
 
     run = orch.ledger.latest_run(inst.id) if spec.resume else None
+    limits = extract_limits(inst.disk_gb or 20, spec.data_bytes)
     with orch.connect(inst) as c:
-        work = train.workdir(c)
+        work = host.workdir(c)
         orch.say("      staging the data")
         if spec.data.startswith("hf://"):
             from orchestrator.hub import parse_hf
 
             train.ensure_hub_client(c)
             repo_id, filename = parse_hf(spec.data)
-            data_yaml = train.stage_hf(c, repo_id, filename, secrets_env())
+            data_yaml = train.stage_hf(c, repo_id, filename, hub_env(), limits)
         else:
-            data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: orch.say(f"      {m}"))
+            data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: orch.say(f"      {m}"),
+                                        limits=limits)
         if run is None:
             run = orch.ledger.add_run(instance_id=inst.id, model=spec.model, data=spec.data,
                                       data_bytes=spec.data_bytes, epochs=spec.epochs, gpu_name=inst.gpu_name,
@@ -182,18 +216,13 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
         name = f"r{run.id}"
         project = f"{work}/runs"
         if spec.resume:
-            _ensure_checkpoint(orch, inst, c, f"{project}/{name}")
+            _ensure_checkpoint(orch, inst, c, f"{project}/{name}", spec.epochs)
         keys = train_keys(spec, data_yaml, project, name, inst.gpus or 1, inst.cpu_only)
-        from orchestrator.lifecycle import kill_point
-
         entry = entry_spec(keys, name, inst.gpus or 1, spec.push_to)
         if spec.push_to:
             train.ensure_hub_client(c)
-            from orchestrator.hub import upload_callback_source
-
-            entry["push"] = train.put_module(c, "orch_push.py", upload_callback_source(spec.push_to[5:].strip("/")))
         kill_point("before-train")
-        pid = train.start(c, entry, secrets_env())
+        pid = train.start(c, entry, hub_env() if spec.push_to else {})
     public = {k: v for k, v in keys.items() if k != "data"}
     run = orch.ledger.update_run(run.id, run_dir=f"{project}/{name}", pid=pid, state="running",
                                  args=json.dumps(public, sort_keys=True), ended_at=None)
@@ -203,18 +232,34 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
     return run
 
 
-def _ensure_checkpoint(orch, inst, c, run_dir: str) -> None:
-    """A resume on a new instance starts from the last.pt pulled home."""
-    from orchestrator import remote
+def _ensure_checkpoint(orch, inst, c, run_dir: str, epochs: int) -> None:
+    """A resume starts from last.pt: the instance's own, else the copy pulled home. One that
+    already reached ``epochs`` is refused here, with the epoch it reached."""
+    from playbooks import host
 
-    present = remote.run(c, f"test -f {run_dir}/weights/last.pt && echo yes", check=False).strip()
-    if present == "yes":
-        return
-    local = pulled_dir(orch, inst.name) / "weights" / "last.pt"
-    if not local.exists():
-        raise OrchError(f"nothing to resume: no last.pt on the instance nor in {local.parent}")
-    remote.run(c, f"mkdir -p {run_dir}/weights")
-    c.sftp().put(str(local), f"{run_dir}/weights/last.pt")
+    info = host.script(c, "checkpoint.py", f"{run_dir}/weights/last.pt")
+    if not info.get("exists"):
+        local = pulled_dir(orch, inst.name) / "weights" / "last.pt"
+        if not local.exists():
+            raise OrchError(f"nothing to resume: no last.pt on the instance nor in {local.parent}")
+        from orchestrator import remote
+
+        remote.run(c, f"mkdir -p {_q(run_dir + '/weights')}")
+        c.sftp().put(str(local), f"{run_dir}/weights/last.pt")
+        info = host.script(c, "checkpoint.py", f"{run_dir}/weights/last.pt")
+    if not info.get("loads"):
+        raise OrchError(f"last.pt of {inst.name} does not load ({clean(info.get('error'), 200)}): it was cut "
+                        "short while being written; not resuming from it")
+    reached = info.get("epoch")
+    if isinstance(reached, int) and reached >= epochs:
+        raise UsageError(f"the checkpoint already reached epoch {reached} of {epochs}: resume with --epochs above "
+                         f"{reached}")
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
 
 
 # -- watch -------------------------------------------------------------------------------------
@@ -231,43 +276,80 @@ def read(orch, inst, run) -> dict:
     return digest(orch, run, raw)
 
 
+def _num(v, kind=(int, float)):
+    return v if isinstance(v, kind) and not isinstance(v, bool) else None
+
+
 def digest(orch, run, raw: dict) -> dict:
-    st = raw.get("status") or {}
-    state = st.get("state")
+    """What run_status.py answered, checked field by field: a field of the wrong type is dropped
+    and reported in ``problems``, never a crash (which would then block ``orch down``)."""
+    problems = []
+    st = raw.get("status") if isinstance(raw, dict) else None
+    if st is not None and not isinstance(st, dict):
+        problems.append("status.json is not an object")
+        st = None
+    st = st or {}
+
+    def field_(key, kind):
+        v = st.get(key)
+        if v is None:
+            return None
+        ok = _num(v, kind) if kind in ((int, float), int) else (v if isinstance(v, kind) else None)
+        if ok is None:
+            problems.append(f"status.json {key} has the wrong type")
+        return ok
+
+    state = field_("state", str)
+    if state not in (None, "running", "completed", "failed"):
+        problems.append(f"status.json state {clean(state, 20)!r} is not one LibreYOLO writes")
+        state = None
+    alive = bool(raw.get("alive")) if isinstance(raw, dict) else False
+    moved = _num(raw.get("moved_s")) if isinstance(raw, dict) else None
     if state == "running" or state is None:
-        if not raw["alive"]:
+        if not alive:
             state = "crashed"  # killed: status.json still says "running" forever
         elif state is None:
             state = "starting"
-        elif raw.get("moved_s") and raw["moved_s"] > STALL_SECONDS:
+        elif moved and moved > STALL_SECONDS:
             state = "stalled"
+    current, completed, start = field_("current_epoch", int), field_("completed_epochs", int), field_("start_epoch", int)
+    error = st.get("error")
+    if isinstance(error, dict):
+        error = ": ".join(clean(error.get(k), 300) for k in ("type", "message") if error.get(k))
+    elif error is not None:
+        error = clean(error, 300)
+    from playbooks.pull import run_files
+
+    files, refused = run_files(raw.get("files") if isinstance(raw, dict) else None)
     view = {
         # A finished (possibly resumed) run reports epochs done in its last session, from start_epoch.
-        "state": state, "epoch": st.get("current_epoch") or (
-            (st.get("start_epoch") or 1) - 1 + st["completed_epochs"] if st.get("completed_epochs") else None),
-        "epochs": st.get("total_epochs") or run.epochs, "completed_epochs": st.get("completed_epochs"),
-        "eta_seconds": st.get("eta_seconds"), "loss": st.get("train_loss"),
-        "best_metric": st.get("best_metric"), "best_metric_name": st.get("best_metric_name"),
-        "mean_epoch_seconds": st.get("mean_epoch_seconds"), "pid": st.get("pid") or run.pid,
-        "run_dir": run.run_dir, "updated_at": st.get("updated_at"), "error": st.get("error"),
-        "files": raw.get("files", []),
+        "state": state, "epoch": current or ((start or 1) - 1 + completed if completed else None),
+        "epochs": field_("total_epochs", int) or run.epochs, "completed_epochs": completed,
+        "eta_seconds": field_("eta_seconds", (int, float)), "loss": field_("train_loss", (int, float)),
+        "best_metric": field_("best_metric", (int, float)), "best_metric_name": clean(st.get("best_metric_name"), 40),
+        "mean_epoch_seconds": field_("mean_epoch_seconds", (int, float)),
+        "pid": field_("pid", int) or run.pid, "run_dir": run.run_dir,
+        "updated_at": clean(st.get("updated_at"), 40), "error": error or None,
+        "files": files, "problems": problems + refused,
     }
-    if state == "completed" and st.get("total_seconds") and st.get("completed_epochs"):
-        view["mean_epoch_seconds"] = view["mean_epoch_seconds"] or st["total_seconds"] / st["completed_epochs"]
-    fields = {"state": state, "completed_epochs": st.get("completed_epochs"), "best_metric": st.get("best_metric"),
+    total = field_("total_seconds", (int, float))
+    if state == "completed" and total and completed:
+        view["mean_epoch_seconds"] = view["mean_epoch_seconds"] or total / completed
+    fields = {"state": state, "completed_epochs": completed, "best_metric": view["best_metric"],
               "mean_epoch_seconds": view["mean_epoch_seconds"]}
     if run.args and "orch_trial" in run.args:
         fields.pop("mean_epoch_seconds")  # a trial keeps its warm epoch time, not the mean with warm-up
-    if state in ("completed", "failed", "crashed") and run.ended_at is None:
+    if state in ENDED and run.ended_at is None:
         # The run's own last word on when it ended, so idle waste is counted from then, not from
-        # whenever orch first looked.
-        ended = _parse_time(st.get("updated_at")) if state != "crashed" else None
-        fields["ended_at"] = ended or datetime.now(timezone.utc)
+        # whenever orch first looked (and never from a time in the future).
+        ended = parse_time(view["updated_at"]) if state != "crashed" else None
+        now = datetime.now(timezone.utc)
+        fields["ended_at"] = min(ended, now) if ended else now
     orch.ledger.update_run(run.id, **{k: v for k, v in fields.items() if v is not None})
     return view
 
 
-def _parse_time(value) -> datetime | None:
+def parse_time(value) -> datetime | None:
     try:
         t = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
@@ -275,23 +357,24 @@ def _parse_time(value) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def milestones(view: dict) -> list:
-    """Files that must not be lost: best.pt and every epoch_N.pt, plus the small run files."""
-    keep = ("weights/best.pt", "status.json", "metrics.jsonl", "train.log", "results.csv", "summary.json")
-    return [f for f in view["files"] if f[0] in keep or f[0].startswith("weights/epoch_")]
-
-
 def pull(orch, inst, run, dest: Path | None = None, view: dict | None = None, only_milestones: bool = False):
-    """Bring the run home; returns (files pulled now, where)."""
+    """Bring the run home under the instance's claim (one writer per file); returns (files pulled
+    now, where). A milestone pull that finds another orch process working on the instance skips."""
+    from playbooks import pull as pulling
     from playbooks import train
 
     target = pulled_dir(orch, inst.name, dest)
-    target.mkdir(parents=True, exist_ok=True)
-    with orch.connect(inst) as c:
-        if view is None:
-            view = digest(orch, run, train.status(c, run.run_dir, run.pid))
-        files = milestones(view) if only_milestones else view["files"]
-        got = train.pull(c, run.run_dir, files, target, log=lambda m: None)
+    with claims.try_hold(orch.ledger, inst.name) as mine:
+        if not mine:
+            if only_milestones:
+                return [], target
+            raise claims.Busy(f"{inst.name} is busy: another orch process is working on it (pulling, maybe); "
+                              "try again when it is done")
+        with orch.connect(inst) as c:
+            if view is None:
+                view = digest(orch, run, train.status(c, run.run_dir, run.pid))
+            files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
+            got = pulling.pull(c, run.run_dir, files, target, log=lambda m: None)
     if got or not only_milestones:
         orch.ledger.update_run(run.id, pulled_at=datetime.now(timezone.utc))
     return got, target
@@ -328,6 +411,6 @@ def follow(orch, inst, run, interval: float = 3.0, out=None) -> dict:
         if line != last:
             print(f"      {line}", file=out, flush=True)
             last = line
-        if view["state"] in ("completed", "failed", "crashed"):
+        if view["state"] in ENDED:
             return view
         time.sleep(interval)

@@ -5,7 +5,6 @@ The ``--json`` shape is part of orch's interface: keys are only ever added, neve
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,7 +47,7 @@ def fast_read(db: Path, head: str, include_ended: bool, meta_keys: tuple[str, ..
     """Instances and meta values straight from SQLite with the standard library; None when the
     database is missing or not at the schema head, so the caller opens the ledger properly
     (which migrates it)."""
-    if not db.exists() or os.environ.get("ORCH_DATABASE_URL"):
+    if not db.is_file():
         return None
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)

@@ -1,59 +1,54 @@
 """Fabric tasks that make an instance ready to train: the right torch first, then LibreYOLO.
 
-Idempotent: a second run on a provisioned instance only probes. The instance's Python is the
-first that works of ``$ORCH_PYTHON`` (the local provider points it at the controller's own),
-``python3`` and ``python``; what was chosen is kept in ``~/.orch/python``.
+Idempotent, and run again after every start: on RunPod a stop wipes the container disk (only the
+volume at ``/workspace`` survives), so whatever orch installed outside the volume must be found
+missing and installed again, and whatever lives on the volume reused.
+
+Which Python: the one recorded in the work dir by an earlier provisioning, if it still works; else
+the first of ``$ORCH_PYTHON`` (the local provider points it at the controller's own), ``python3``
+and ``python``. When that Python has a torch that works for the device and LibreYOLO, nothing is
+installed. Otherwise orch installs into a virtual environment in the work dir, which is on the
+volume where the provider has one, made with ``--system-site-packages`` so that the image's own
+torch is used when it works: after a restart nothing needs installing again (measured in
+bench/restart_provision.py). Where no venv can be made (no ``venv`` module in the image), orch
+installs into the image's Python, and again after each restart that wiped it.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import shlex
 
 from fabric import task
 
 from orchestrator import remote
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, VerifyFailed
+from playbooks import host
 
-HERE = Path(__file__).parent
 # PyTorch publishes one wheel index per CUDA minor; the driver runs any build up to its own version.
 CUDA_INDEXES = ["13.0", "12.9", "12.8", "12.6", "12.4", "12.1", "11.8"]
 TORCH_INDEX = "https://download.pytorch.org/whl/"
-
-
-class VerifyFailed(OrchError):
-    pass
-
-
-def find_python(c) -> str:
-    out = remote.run(c, 'mkdir -p "$HOME/.orch"; for p in "$ORCH_PYTHON" "$(cat "$HOME/.orch/python" 2>/dev/null)" '
-                        'python3 python; do [ -n "$p" ] && command -v "$p" >/dev/null 2>&1 && '
-                        '"$p" -c "import sys; assert sys.version_info >= (3, 9)" 2>/dev/null && '
-                        '{ command -v "$p"; break; }; done')
-    python = out.strip().splitlines()[-1] if out.strip() else ""
-    if not python:
-        raise OrchError("no Python >= 3.9 on the instance")
-    remote.run(c, f'printf "%s\\n" {_q(python)} > "$HOME/.orch/python"')
-    return python
+BASHRC_MARK = "# >>> orch: the Python that has torch and LibreYOLO (written by orch at every provisioning) >>>"
 
 
 def _q(s: str) -> str:
-    import shlex
-
     return shlex.quote(s)
 
 
-def _script(c, python: str, name: str, *args: str, marker: str) -> dict:
-    path = remote.put_text(c, (HERE / name).read_text(), f".orch/playbooks/{name}", 0o644)
-    out = c.run(f"{_q(python)} {path} {' '.join(args)}", hide=True, warn=True)
-    for line in out.stdout.splitlines():
-        if line.startswith(marker + " "):
-            return json.loads(line[len(marker) + 1:])
-    raise OrchError(f"{name} printed nothing usable: {(out.stderr or out.stdout).strip()[-300:]}")
+def base_python(c) -> str:
+    """The Python to start from: the recorded one if it still runs, else the image's."""
+    rec = _q(f"{host.workdir(c)}/python")
+    out = remote.run(c, f'for p in "$(cat {rec} 2>/dev/null)" "$ORCH_PYTHON" python3 python; do '
+                        '[ -n "$p" ] && command -v "$p" >/dev/null 2>&1 && '
+                        '"$p" -c "import sys; assert sys.version_info >= (3, 9)" 2>/dev/null && '
+                        '{ command -v "$p"; break; }; done', check=False)
+    python = out.strip().splitlines()[-1] if out.strip() else ""
+    if not python:
+        raise OrchError("no Python >= 3.9 on the instance")
+    return python
 
 
 def probe(c, python: str, gpu: bool) -> dict:
-    return _script(c, python, "probe.py", "gpu" if gpu else "cpu", marker="ORCH_PROBE")
+    return host.script(c, "probe.py", "gpu" if gpu else "cpu", python_path=python)
 
 
 def cuda_index(driver_cuda: str | None) -> str:
@@ -67,40 +62,74 @@ def cuda_index(driver_cuda: str | None) -> str:
     raise OrchError(f"the driver's CUDA {driver_cuda} is older than any PyTorch build (11.8)")
 
 
+def _works(facts: dict, gpu: bool) -> bool:
+    return bool(facts["torch"]) and not facts["error"] and (facts["cuda_ok"] or not gpu)
+
+
 @task
 def provision(c, gpu: bool = False, log=print) -> dict:
     """Make sure the instance has a torch that works for the request, then LibreYOLO."""
-    python = find_python(c)
+    python = base_python(c)
     facts = probe(c, python, gpu)
-    torch_ok = facts["torch"] and not facts["error"] and (facts["cuda_ok"] or not gpu)
-    if gpu and not torch_ok and not facts["gpus"]:
+    if gpu and not _works(facts, gpu) and not facts["gpus"]:
         raise VerifyFailed("a GPU was requested but the instance has no working NVIDIA GPU "
                            "(nvidia-smi shows no GPU or driver)")
     installed = []
-    if not torch_ok:
+    if not (_works(facts, gpu) and facts["libreyolo"]):
+        python = _environment(c, python, log)
+        facts = probe(c, python, gpu)
+    if not _works(facts, gpu):
         index = cuda_index(facts["driver_cuda"]) if gpu else TORCH_INDEX + "cpu"
         log(f"installing torch from {index}")
         _pip(c, python, f"install --upgrade torch torchvision --index-url {index}")
         installed.append("torch")
         facts = probe(c, python, gpu)
-        if not facts["torch"] or facts["error"] or (gpu and not facts["cuda_ok"]):
+        if not _works(facts, gpu):
             raise OrchError(f"torch does not work after installing it: {facts['error'] or 'CUDA kernel failed'}")
     if not facts["libreyolo"]:
         # Hold torch where it is: unconstrained, pip would swap in its own (CPU-only or other CUDA) build.
         pins = f"torch=={facts['torch']}\n" + (f"torchvision=={facts['torchvision']}\n" if facts["torchvision"] else "")
-        remote.run(c, f'printf %s {_q(pins)} > "$HOME/.orch/constraints.txt"')
+        constraints = remote.put_text(c, pins, f"{host.workdir(c)}/constraints.txt", 0o644)
         log("installing libreyolo (torch held by a constraint)")
-        _pip(c, python, 'install libreyolo -c "$HOME/.orch/constraints.txt"')
+        _pip(c, python, f"install libreyolo -c {_q(constraints)}")
         installed.append("libreyolo")
         facts = probe(c, python, gpu)
         if not facts["libreyolo"]:
             raise OrchError(f"libreyolo does not import after installing it: {facts.get('libreyolo_error')}")
+    host.record_python(c, python)
+    if python.startswith(host.workdir(c) + "/venv/"):
+        _sessions_use(c, python.rsplit("/", 1)[0])
     facts["installed"] = installed
+    facts["python"] = python
     return facts
 
 
+def _environment(c, base: str, log) -> str:
+    """orch's venv in the work dir (made once, kept on the volume), else the image's Python."""
+    venv = f"{host.workdir(c)}/venv"
+    py = f"{venv}/bin/python"
+    if remote.run(c, f"test -x {_q(py)} && {_q(py)} -c 'import sys' 2>/dev/null && echo ok", check=False).strip() == "ok":
+        return py
+    log(f"making a virtual environment in {venv} (kept on the volume across restarts)")
+    out = c.run(f"{_q(base)} -m venv --system-site-packages {_q(venv)}", hide=True, warn=True, in_stream=False)
+    if not out.ok:
+        log(f"no venv here ({(out.stderr or out.stdout).strip()[-120:]}): installing into {base}")
+        remote.run(c, f"rm -rf {_q(venv)}", check=False)
+        return base
+    return py
+
+
+def _sessions_use(c, bindir: str) -> None:
+    """Put orch's venv first on the PATH of SSH sessions (``orch ssh NAME -- python3 ...``): a block
+    at the top of ~/.bashrc, before Ubuntu's early return for non-interactive shells. ~/.bashrc is
+    on the container disk, so it is written again at every provisioning."""
+    block = f"{BASHRC_MARK}\nexport PATH={_q(bindir)}:\"$PATH\"\n# <<< orch <<<\n"
+    remote.run(c, f'f="$HOME/.bashrc"; touch "$f"; if ! grep -qF {_q(BASHRC_MARK)} "$f"; then '
+                  f'{{ printf %s {_q(block)}; cat "$f"; }} > "$f.orch" && mv "$f.orch" "$f"; fi')
+
+
 def _pip(c, python: str, args: str) -> None:
-    out = c.run(f"{_q(python)} -m pip --disable-pip-version-check -q {args}", hide=True, warn=True)
+    out = c.run(f"{_q(python)} -m pip --disable-pip-version-check -q {args}", hide=True, warn=True, in_stream=False)
     if not out.ok:
         tail = " | ".join((out.stderr or out.stdout).strip().splitlines()[-3:])
         raise OrchError(f"pip {args.split()[0]} failed on the instance: {tail}")
@@ -109,8 +138,7 @@ def _pip(c, python: str, args: str) -> None:
 @task
 def verify(c, gpu: bool = False) -> dict:
     """The seed's check: a 2000x2000 matmul on the device, with the device name and the result."""
-    python = find_python(c)
-    out = _script(c, python, "verify_device.py", "gpu" if gpu else "cpu", marker="ORCH_VERIFY")
+    out = host.script(c, "verify_device.py", "gpu" if gpu else "cpu")
     if not out["ok"]:
         if out.get("kind") == "no-kernel-image":
             raise VerifyFailed("CUDA error: no kernel image is available for this GPU: the installed torch was "
@@ -119,4 +147,4 @@ def verify(c, gpu: bool = False) -> dict:
     return out
 
 
-__all__ = ["provision", "verify", "cuda_index", "find_python", "VerifyFailed"]
+__all__ = ["provision", "verify", "cuda_index", "base_python", "VerifyFailed"]

@@ -19,7 +19,6 @@ What RunPod imposes, and what this provider does about it:
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import time
@@ -27,8 +26,8 @@ from typing import Any
 
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.hookspecs import hookimpl
-from orchestrator.provider import (GONE, PENDING, RUNNING, STOPPED, Capabilities, Endpoint, Offer,
-                                   Provider, Remote, Request, parse_label, stopped_rate)
+from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, Request, Status, bid_with_margin,
+                                   parse_label, stopped_rate)
 from orchestrator.retry import retry
 
 DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
@@ -80,7 +79,8 @@ class RunPodProvider(Provider):
     numeric_settings = {"spot_margin": 0, "retries": 1, "retry_base": 0, "poll_interval": 0, "container_disk_gb": 1,
                         "destroy_timeout": 0}
     capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True,
-                                self_destroy=True, volumes=True, spot_may_disappear=True)
+                                self_destroy=True)
+    env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)
@@ -203,9 +203,7 @@ class RunPodProvider(Provider):
         return float(price)
 
     def _bid(self, gpu_type_id: str, gpus: int) -> float:
-        # Rounded up to a tenth of a cent so the margin never rounds below the minimum (the inner
-        # round drops float noise: 0.40 * 1.05 * 1000 is 420.00000000000006).
-        return math.ceil(round(self.minimum_bid(gpu_type_id, gpus) * (1 + self._margin) * 1000, 6)) / 1000
+        return bid_with_margin(self.minimum_bid(gpu_type_id, gpus), self._margin)
 
     # -- verbs -------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -274,14 +272,14 @@ class RunPodProvider(Provider):
         q = f"query {{ pod(input: {{podId: {literal(provider_id)}}}) {{ {POD_FIELDS} }} }}"
         pod = self._query(q)["pod"]
         if pod is None:
-            return Remote(provider_id=provider_id, label="", status=GONE)
+            return Remote(provider_id=provider_id, label="", status=Status.GONE)
         return self._remote(pod)
 
     def _remote(self, pod: dict) -> Remote:
-        status = {"RUNNING": RUNNING if pod.get("runtime") else PENDING, "EXITED": STOPPED,
-                  "TERMINATED": GONE}.get(pod.get("desiredStatus"), PENDING)
+        status = {"RUNNING": Status.RUNNING if pod.get("runtime") else Status.PENDING, "EXITED": Status.STOPPED,
+                  "TERMINATED": Status.GONE}.get(pod.get("desiredStatus"), Status.PENDING)
         endpoint = None
-        if status == RUNNING:
+        if status == Status.RUNNING:
             for port in (pod.get("runtime") or {}).get("ports") or []:
                 # The SDK's own helper forgets isIpPublic: the private entry is unreachable.
                 if port.get("privatePort") == 22 and port.get("isIpPublic") and port.get("ip"):
@@ -292,7 +290,8 @@ class RunPodProvider(Provider):
             price_hr=pod.get("costPerHr"),
             stopped_price_hr=stopped_rate(pod.get("volumeInGb") or 0, VOLUME_STOPPED_GB_MONTH),
             gpu_name=(pod.get("machine") or {}).get("gpuDisplayName"), gpus=pod.get("gpuCount") or 0,
-            spot=pod.get("podType") == "INTERRUPTABLE", raw=pod,
+            spot=pod.get("podType") == "INTERRUPTABLE", preempted=pod.get("podType") == "INTERRUPTABLE" and
+            pod.get("desiredStatus") == "EXITED", detail=str(pod.get("desiredStatus") or "").lower(), raw=pod,
         )
 
     def list(self) -> list[Remote]:
@@ -304,11 +303,11 @@ class RunPodProvider(Provider):
         if not isinstance(found, list):
             raise ProviderError(f"RunPod's pod listing came back without pods: {str(pods)[:200]}")
         remotes = [self._remote(p) for p in found if parse_label(p.get("name"))]
-        return [r for r in remotes if r.status != GONE]
+        return [r for r in remotes if r.status != Status.GONE]
 
     def stop(self, provider_id: str) -> None:
         remote = self._need(provider_id)
-        if remote.status == STOPPED:
+        if remote.status == Status.STOPPED:
             return
         if not remote.raw.get("volumeInGb"):
             raise UsageError(f"RunPod pod {provider_id} has no volume disk (CPU pods keep everything on "
@@ -317,7 +316,7 @@ class RunPodProvider(Provider):
 
     def start(self, provider_id: str) -> Remote:
         remote = self._need(provider_id)
-        if remote.status != STOPPED:
+        if remote.status != Status.STOPPED:
             return remote
         gpus = int(remote.raw.get("gpuCount") or 0)
         if remote.spot:
@@ -339,7 +338,7 @@ class RunPodProvider(Provider):
                     "while stopped). Try `orch start` again later, or `orch down` it and create a new "
                     "one elsewhere.") from None
             except _Transient:
-                if self.get(provider_id).status != STOPPED:
+                if self.get(provider_id).status != Status.STOPPED:
                     break  # the resume that errored happened all the same
                 if attempt == self._attempts - 1:
                     raise
@@ -358,17 +357,17 @@ class RunPodProvider(Provider):
             raise
 
     def destroy(self, provider_id: str) -> None:
-        if self.get(provider_id).status == GONE:
+        if self.get(provider_id).status == Status.GONE:
             return
         try:
             self._query(f"mutation {{ podTerminate(input: {{podId: {literal(provider_id)}}}) }}")
         except ProviderError:
-            if self.get(provider_id).status != GONE:
+            if self.get(provider_id).status != Status.GONE:
                 raise
             return
         # podTerminate answers the same whatever happened: only the pod's absence confirms it.
         deadline = time.monotonic() + float(self._setting("destroy_timeout", 60))
-        while self.get(provider_id).status != GONE:
+        while self.get(provider_id).status != Status.GONE:
             if time.monotonic() >= deadline:
                 raise ProviderError(f"RunPod did not confirm that pod {provider_id} is gone; it may "
                                     "still bill: check the RunPod console")
@@ -376,7 +375,7 @@ class RunPodProvider(Provider):
 
     def _need(self, provider_id: str) -> Remote:
         remote = self.get(provider_id)
-        if remote.status == GONE:
+        if remote.status == Status.GONE:
             raise ProviderError(f"RunPod pod {provider_id} does not exist (any more)")
         return remote
 
@@ -404,17 +403,13 @@ class RunPodProvider(Provider):
                 provider=self.name, offer_id=t["id"], gpu_name=t.get("displayName") or t["id"], gpus=n,
                 vram_gb=float(t.get("memoryInGb") or 0), price_hr=per_gpu * n if per_gpu else None,
                 spot_hr=bid * n if bid else None, disk_gb_month=VOLUME_RUNNING_GB_MONTH,
-                stock=low.get("stockStatus"), disk_included=False,
-                raw={**t, "disk_gb_month_stopped": VOLUME_STOPPED_GB_MONTH},
+                disk_gb_month_stopped=VOLUME_STOPPED_GB_MONTH, stock=low.get("stockStatus"), disk_included=False,
+                min_bid_per_gpu=bid or None, raw=t,
             ))
         return offers
 
     # -- on the pod --------------------------------------------------------------------
-    def remote_env(self, remote: Remote) -> dict[str, str]:
-        # The pod has its own pod-scoped RUNPOD_API_KEY; the id tells it which pod it is.
-        return {"RUNPOD_POD_ID": remote.provider_id}
-
-    def self_stop_command(self, destroy: bool = False) -> str:
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str:
         """A shell snippet that, run inside the pod, stops (or terminates) the pod itself.
 
         The key is read from the environment inside Python, never put on a command line. A
@@ -435,7 +430,7 @@ class RunPodProvider(Provider):
             'if not pod or not key:\n'
             '    sys.exit("RUNPOD_POD_ID or RUNPOD_API_KEY missing: cannot stop this pod")\n'
             f'query = "mutation {{ {mutation} }}" % json.dumps(pod)\n'
-            'base = os.environ.get("RUNPOD_API_BASE_URL") or "https://api.runpod.io"\n'
+            'base = env("RUNPOD_API_BASE_URL") or "https://api.runpod.io"\n'
             'req = urllib.request.Request(base + "/graphql", data=json.dumps({"query": query}).encode(),\n'
             '    headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})\n'
             'body = json.load(urllib.request.urlopen(req, timeout=30))\n'

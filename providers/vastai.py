@@ -23,11 +23,10 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Any, Callable
 
-from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.hookspecs import hookimpl
-from orchestrator.provider import (GONE, HOURS_PER_MONTH, PENDING, RUNNING, STOPPED, Capabilities, Endpoint,
-                                   Offer, Progress, Provider, Remote, Request, parse_label, stopped_rate,
-                                   tcp_open)
+from orchestrator.provider import (HOURS_PER_MONTH, Capabilities, Endpoint, Offer, Progress, Provider, Remote, Request,
+                                   Status, bid_with_margin, parse_label, stopped_rate, tcp_open)
 from orchestrator.retry import retry
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
@@ -37,8 +36,8 @@ MAX_WAIT = 30.0
 OFFER_TAKEN = {"no_such_ask", "resources_unavailable"}
 MAX_OFFERS_TRIED = 3
 
-_STATES = {"running": RUNNING, None: PENDING, "created": PENDING, "loading": PENDING, "rebooting": PENDING,
-           "stopped": STOPPED, "exited": STOPPED, "frozen": STOPPED}
+_STATES = {"running": Status.RUNNING, None: Status.PENDING, "created": Status.PENDING, "loading": Status.PENDING,
+           "rebooting": Status.PENDING, "stopped": Status.STOPPED, "exited": Status.STOPPED, "frozen": Status.STOPPED}
 
 
 class VastError(ProviderError):
@@ -73,12 +72,11 @@ class VastAIProvider(Provider):
                         "retries": 1, "http_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0,
                         "direct_ssh_grace": 0}
     capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
-                                self_destroy=True, volumes=False)
+                                self_destroy=True)
+    env_keys = ("VAST_API_KEY", "VAST_URL")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)
-        # Instances whose direct SSH route never answered, so their endpoint is Vast's proxy.
-        self._via_proxy: set[str] = set()
         self._running_since: dict[str, float] = {}  # when a wait first saw the instance running
 
     @property
@@ -235,7 +233,8 @@ class VastAIProvider(Provider):
                 raise UsageError(f"bid {request.bid:.4f} $/h per GPU is below offer {offer.offer_id}'s live minimum "
                                  f"{live / max(offer.gpus, 1):.4f} $/h per GPU: the instance would start outbid (stopped)")
             return wanted
-        return round(live * (1 + self._setting("spot_margin", 0.05)), 4)
+        per_gpu = bid_with_margin(live / max(offer.gpus, 1), self._setting("spot_margin", 0.05))
+        return round(per_gpu * max(offer.gpus, 1), 6)
 
     def _attach(self, instance_id: str, public_key: str) -> None:
         try:
@@ -254,7 +253,7 @@ class VastAIProvider(Provider):
     def get(self, provider_id: str) -> Remote:
         row = self._call(lambda: self._sdk.show_instance(_vast_id(provider_id)), "instance lookup")
         if row is None:
-            return Remote(provider_id=str(provider_id), label="", status=GONE)
+            return Remote(provider_id=str(provider_id), label="", status=Status.GONE)
         if not isinstance(row, dict):
             raise VastError(f"Vast.ai instance lookup answered {type(row).__name__}, not an instance")
         return self._remote(row)
@@ -271,7 +270,7 @@ class VastAIProvider(Provider):
             remotes += [self._remote(r) for r in rows if isinstance(r, dict) and parse_label(r.get("label"))]
             token = page.get("next_token")
             if not token:
-                return [r for r in remotes if r.status != GONE]
+                return [r for r in remotes if r.status != Status.GONE]
             if token in seen:
                 raise VastError(f"Vast.ai instance listing repeated its page token {token!r}")
             seen.add(token)
@@ -279,7 +278,7 @@ class VastAIProvider(Provider):
 
     def stop(self, provider_id: str) -> None:
         self._call(lambda: self._sdk.stop_instance(_vast_id(provider_id)), f"stop of instance {provider_id}")
-        self._await(provider_id, {STOPPED, GONE}, self._setting("stop_timeout", 120), "stop")
+        self._await(provider_id, {Status.STOPPED, Status.GONE}, self._setting("stop_timeout", 120), "stop")
 
     def start(self, provider_id: str) -> Remote:
         try:
@@ -294,17 +293,17 @@ class VastAIProvider(Provider):
         return self.get(provider_id)
 
     def destroy(self, provider_id: str) -> None:
-        if self.get(provider_id).status == GONE:
+        if self.get(provider_id).status == Status.GONE:
             return
         try:
             self._call(lambda: self._sdk.destroy_instance(_vast_id(provider_id)),
                        f"destroy of instance {provider_id}")
         except VastError as e:
             # A destroy that raced another one: only a lookup says whether it is gone.
-            if self.get(provider_id).status != GONE:
+            if self.get(provider_id).status != Status.GONE:
                 raise e from None
             return
-        self._await(provider_id, {GONE}, self._setting("destroy_timeout", 120), "destroy")
+        self._await(provider_id, {Status.GONE}, self._setting("destroy_timeout", 120), "destroy")
 
     def _await(self, provider_id: str, wanted: set[str], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -324,31 +323,29 @@ class VastAIProvider(Provider):
 
     def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
         """The direct route when it answers; Vast's proxy only once the direct one has had its chance."""
-        if remote.status != RUNNING:
+        if remote.status != Status.RUNNING:
             return None
         now = time.monotonic()
         since = self._running_since.setdefault(remote.provider_id, now)
         direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
         if direct and tcp_open(direct):
-            self._via_proxy.discard(remote.provider_id)
             return replace(remote, endpoint=direct)
         if proxy and (not direct or now - since >= self._setting("direct_ssh_grace", 30)) and tcp_open(proxy):
-            self._via_proxy.add(remote.provider_id)
             if progress:
                 progress("the direct SSH route does not answer: using Vast.ai's SSH proxy")
             return replace(remote, endpoint=proxy)
         return None
 
     def _remote(self, row: dict) -> Remote:
-        status = _STATES.get(row.get("actual_status"), PENDING)
+        status = _STATES.get(row.get("actual_status"), Status.PENDING)
         provider_id = str(row["id"])
-        endpoint = None
-        if status == RUNNING:
-            direct, proxy = _direct(row, self.ssh_user), _proxy(row, self.ssh_user)
-            endpoint = proxy if (provider_id in self._via_proxy and proxy) or not direct else direct
+        routes = []
+        if status == Status.RUNNING:
+            routes = [r for r in (_direct(row, self.ssh_user), _proxy(row, self.ssh_user)) if r]
         disk, per_gb = row.get("disk_space"), row.get("storage_cost")
         return Remote(
-            provider_id=provider_id, label=row.get("label") or "", status=status, endpoint=endpoint,
+            provider_id=provider_id, label=row.get("label") or "", status=status,
+            endpoint=routes[0] if routes else None, routes=routes,
             price_hr=row.get("dph_total"),
             stopped_price_hr=stopped_rate(disk, per_gb) if disk is not None and per_gb is not None else None,
             gpu_name=row.get("gpu_name"), gpus=int(row.get("num_gpus") or 0), spot=bool(row.get("is_bid")),
@@ -357,10 +354,7 @@ class VastAIProvider(Provider):
         )
 
     # -- inside the instance ---------------------------------------------------------------
-    def remote_env(self, remote: Remote) -> dict[str, str]:
-        return {}  # Vast gives every container CONTAINER_ID and CONTAINER_API_KEY itself
-
-    def self_stop_command(self, destroy: bool) -> str:
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str:
         """Shell that, run on the instance, stops (or destroys) it with the container's own key.
 
         The key is read from the environment inside Python, never put on a command line. SSH
@@ -453,7 +447,8 @@ def _offer(row: dict, disk_gb: float) -> Offer:
         price_hr=row.get("dph_total"),
         # min_bid leaves the disk out; dph_total has it (for the allocated storage asked).
         spot_hr=round(min_bid + disk_hr, 6) if min_bid is not None else None,
-        disk_gb_month=per_gb, reliability=row.get("reliability"), location=row.get("geolocation"), raw=row,
+        disk_gb_month=per_gb, reliability=row.get("reliability"), location=row.get("geolocation"),
+        min_bid_per_gpu=float(min_bid) / max(int(row.get("num_gpus") or 1), 1) if min_bid is not None else None, raw=row,
     )
 
 

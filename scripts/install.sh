@@ -13,6 +13,8 @@ sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 packages=()
 [ -x /usr/sbin/sshd ] || packages+=(openssh-server)
 if [ $test_deps = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then packages+=(postgresql); fi
+# The tests' fake cloud hosts run commands through root's login shell; some log in to zsh.
+if [ $test_deps = 1 ] && ! command -v zsh >/dev/null; then packages+=(zsh); fi
 if [ ${#packages[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null; then
     echo "installing ${packages[*]} (apt)"

@@ -33,7 +33,7 @@ def orch_home(tmp_path, monkeypatch):
 
 def _cleanup_local(home: Path) -> None:
     """Whatever a failing test left running: no sshd or training outlives its test."""
-    from orchestrator import sshd
+    from providers import local as sshd
 
     root = home / "local"
     if root.exists():

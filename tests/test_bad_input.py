@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import cli, config, dataset
+from orchestrator import config, dataset
+from orchestrator.cli import main as cli
 from orchestrator.lifecycle import NAME
 from orchestrator.policy import ON_IDLE
 from tests.conftest import run_orch

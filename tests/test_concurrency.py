@@ -10,7 +10,7 @@ import pytest
 from orchestrator import states
 from tests import test_core
 from tests.conftest import needs_torch, run_orch
-from tests.fakes.clouds import legal_path, local_billing, open_orch, orch_proc, runpod, wait_for  # noqa: F401
+from tests.clouds import legal_path, local_billing, open_orch, orch_proc, runpod, wait_for  # noqa: F401
 from tests.postgres import pg_server, pg_url  # noqa: F401
 
 NO_WATCHDOG = {"ORCH_WATCHDOG": "off"}
@@ -151,7 +151,9 @@ def test_migrations_reach_head_and_match_the_models_on_postgresql(pg_url):
     with led.engine.connect() as conn:
         assert conn.dialect.name == "postgresql"
         assert compare_metadata(MigrationContext.configure(conn), SQLModel.metadata) == []
-    assert "revision 0001" in run_orch("db", "upgrade", check=0).stdout
+    from migrations import HEAD
+
+    assert f"revision {HEAD}" in run_orch("db", "upgrade", check=0).stdout
 
 
 def test_racing_processes_on_postgresql_move_an_instance_once(pg_url):

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from tests.conftest import needs_torch, run_orch
-from orchestrator import sshd, states
+from orchestrator import states
+from providers import local as sshd
 from orchestrator.errors import IllegalTransition
 
 
@@ -152,8 +153,10 @@ def test_migrations_reach_head_and_match_the_models(tmp_path):
 
 
 def test_db_upgrade_command(orch_home):
+    from migrations import HEAD
+
     out = run_orch("db", "upgrade", check=0)
-    assert "revision 0001" in out.stdout
+    assert f"revision {HEAD}" in out.stdout
     assert (orch_home / "ledger.db").stat().st_mode & 0o777 == 0o600
 
 
@@ -198,8 +201,8 @@ def test_duplicate_live_name_from_the_cli(orch_home, ledger):
 
 @pytest.mark.parametrize("argv", [["--help"], ["status"], ["status", "--json"]])
 def test_fast_commands_import_no_heavy_modules(orch_home, argv):
-    code = ("import sys; from orchestrator.cli import app\n"
-            f"try: app({argv!r}, standalone_mode=False)\nexcept SystemExit: pass\n"
+    code = ("import sys; from orchestrator.cli.main import main\n"
+            f"sys.argv = ['orch', *{argv!r}]\ntry: main()\nexcept SystemExit: pass\n"
             "heavy = [m for m in ('runpod', 'vastai', 'torch', 'fabric', 'paramiko') if m in sys.modules]\n"
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

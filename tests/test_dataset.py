@@ -60,10 +60,26 @@ def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def _run_py(script: str, env: dict | None = None, no_site: bool = False) -> subprocess.CompletedProcess:
-    """Run a script the way the instance will: fed on stdin, so nothing of it is in an argv."""
-    cmd = [sys.executable, *(["-S"] if no_site else []), "-"]
-    return subprocess.run(cmd, input=script, text=True, capture_output=True, env=env, timeout=120)
+ON_INSTANCE = Path(__file__).resolve().parent.parent / "playbooks" / "on_instance"
+
+
+def _run_on_instance(name: str, *args: str, env: dict | None = None, no_site: bool = False,
+                     cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """An on_instance script run the way the instance runs it: copied to a folder of its own with
+    its siblings, by a Python that may lack site-packages (-S: no PyYAML)."""
+    import tempfile
+
+    bin_dir = Path(tempfile.mkdtemp(prefix="orch-bin-"))
+    for f in ON_INSTANCE.glob("*.py"):
+        shutil.copy(f, bin_dir / f.name)
+    cmd = [sys.executable, *(["-S"] if no_site else []), str(bin_dir / name), *map(str, args)]
+    return subprocess.run(cmd, text=True, capture_output=True, env=env, timeout=120)
+
+
+def _result(out: subprocess.CompletedProcess) -> dict:
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("ORCH_RESULT "), out.stdout
+    return json.loads(line[len("ORCH_RESULT "):])
 
 
 # -- validate -----------------------------------------------------------------------------------
@@ -182,9 +198,9 @@ def test_pack_is_deterministic_and_its_yaml_works_anywhere(ds, tmp_path):
 
     # The original goes away; the extracted copy must stand on its own. -S: no site-packages (no PyYAML).
     shutil.move(ds, tmp_path / "gone")
-    out = _run_py(dataset.remote_extract_script(str(first), str(tmp_path / "instance" / "data")), no_site=True)
+    out = _run_on_instance("extract.py", first, tmp_path / "instance" / "data", no_site=True)
     assert out.returncode == 0, out.stderr
-    data_yaml = Path(json.loads(out.stdout.strip().splitlines()[-1])["data_yaml"])
+    data_yaml = Path(_result(out)["data_yaml"])
     assert data_yaml == tmp_path / "instance" / "data" / "birds" / "data.yaml"
     assert yaml.safe_load(data_yaml.read_text())["path"] == str(data_yaml.parent)
     again = dataset.validate(data_yaml, doctor=False)
@@ -195,9 +211,9 @@ def test_pack_rewrites_lists_and_scattered_paths(tmp_path):
     info = dataset.validate(_scattered_dataset(tmp_path), doctor=False)
     tar = dataset.pack(info, tmp_path / "cars.tar")
     shutil.rmtree(tmp_path / "project")
-    out = _run_py(dataset.remote_extract_script(str(tar), str(tmp_path / "elsewhere")), no_site=True)
+    out = _run_on_instance("extract.py", tar, tmp_path / "elsewhere", no_site=True)
     assert out.returncode == 0, out.stderr
-    again = dataset.validate(Path(json.loads(out.stdout)["data_yaml"]), doctor=False)
+    again = dataset.validate(Path(_result(out)["data_yaml"]), doctor=False)
     assert again.n_images == {"train": 6, "val": 3} and again.n_labels == info.n_labels
 
 
@@ -207,9 +223,9 @@ def test_extract_takes_a_tar_made_by_hand_as_the_seed_shows(ds, tmp_path):
     with tarfile.open(tmp_path / "birds.tar", "w") as tar:
         tar.add(ds, arcname="./birds")
     shutil.move(ds, tmp_path / "gone")
-    out = _run_py(dataset.remote_extract_script(str(tmp_path / "birds.tar"), str(tmp_path / "dest")), no_site=True)
+    out = _run_on_instance("extract.py", tmp_path / "birds.tar", tmp_path / "dest", no_site=True)
     assert out.returncode == 0, out.stderr
-    info = dataset.validate(Path(json.loads(out.stdout)["data_yaml"]), doctor=False)
+    info = dataset.validate(Path(_result(out)["data_yaml"]), doctor=False)
     assert info.root == tmp_path / "dest" / "birds" and info.n_images == {"train": 8, "val": 4}
 
 
@@ -237,7 +253,7 @@ def test_extract_refuses_unsafe_members(tmp_path, evil):
         else:
             ti.size = 4
             tar.addfile(ti, io.BytesIO(b"evil"))
-    out = _run_py(dataset.remote_extract_script(str(tar_path), str(tmp_path / "dest")))
+    out = _run_on_instance("extract.py", tar_path, tmp_path / "dest")
     assert out.returncode != 0 and "refusing unsafe member" in out.stderr
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "dest" / "birds").exists()
 
@@ -278,11 +294,11 @@ def test_push_then_download_on_the_instance(ds, tmp_path, fake_hub, argvs):
     assert fake_hub.file_bytes("dataset", "acme/birds", "birds.tar") == dataset.pack(info, tmp_path / "p.tar").read_bytes()
 
     repo_id, filename = hub.parse_hf(uri)
-    script = hub.remote_download_script(repo_id, filename, str(tmp_path / "instance" / "data"))
+    assert hub.dataset_size(uri) == (tmp_path / "p.tar").stat().st_size, "the disk is sized from the hub's metadata"
     env = {**os.environ, **fake_hub.env, "HF_HOME": str(tmp_path / "instance" / "hf-home")}
-    out = _run_py(script, env=env)
+    out = _run_on_instance("hf_download.py", repo_id, filename, tmp_path / "instance" / "data", env=env)
     assert out.returncode == 0, out.stderr
-    data_yaml = Path(json.loads(out.stdout.strip().splitlines()[-1])["data_yaml"])
+    data_yaml = Path(_result(out)["data_yaml"])
     assert data_yaml.is_relative_to(tmp_path / "instance" / "data")
     got = dataset.validate(data_yaml, doctor=False)
     assert (got.n_images, got.n_labels) == (info.n_images, info.n_labels)
@@ -290,7 +306,6 @@ def test_push_then_download_on_the_instance(ds, tmp_path, fake_hub, argvs):
 
     # The token went in headers, and nowhere else.
     token = fake_hub.token
-    assert token not in script
     assert all(token not in r.path for r in fake_hub.requests)
     assert all(token not in arg for argv in argvs for arg in argv)
     to_repo = [r for r in fake_hub.requests if "acme/birds" in r.path]
@@ -301,7 +316,7 @@ def test_push_then_download_on_the_instance(ds, tmp_path, fake_hub, argvs):
     # The repo is private: the same script without the token is refused.
     anonymous = {k: v for k, v in env.items() if k != "HF_TOKEN"}
     anonymous["HF_HOME"] = str(tmp_path / "stranger-hf-home")
-    refused = _run_py(script, env=anonymous)
+    refused = _run_on_instance("hf_download.py", repo_id, filename, tmp_path / "instance" / "data2", env=anonymous)
     assert refused.returncode != 0 and "RepositoryNotFound" in refused.stderr
 
 
@@ -343,7 +358,9 @@ def test_synthetic_dataset_trains_with_the_libreyolo_cli(ds, tmp_path):
 _TRAIN_WITH_CALLBACK = """
 import pickle
 from libreyolo.models.yolo9.model import LibreYOLO9
-from orch_push import orch_hub_push
+from hub_push import OrchHubPush
+
+orch_hub_push = OrchHubPush("acme/birds-run")
 
 if __name__ == "__main__":
     pickle.dumps(orch_hub_push)  # what LibreYOLO needs of a callback to hand it to multi-GPU workers
@@ -358,10 +375,9 @@ if __name__ == "__main__":
 def test_upload_callback_pushes_weights_during_a_real_training(ds, tmp_path, fake_hub):
     bin_dir = tmp_path / "instance" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "orch_push.py").write_text(hub.upload_callback_source("acme/birds-run"))
+    shutil.copy(ON_INSTANCE / "hub_push.py", bin_dir / "hub_push.py")
     entry = bin_dir / "train_entry.py"
     entry.write_text(_TRAIN_WITH_CALLBACK.format(data=str(ds / "data.yaml"), project=str(tmp_path / "runs")))
-    assert fake_hub.token not in (bin_dir / "orch_push.py").read_text()
     env = {**os.environ, **fake_hub.env, "HF_HOME": str(tmp_path / "instance-hf-home")}
     out = subprocess.run([sys.executable, str(entry)], text=True, capture_output=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from orchestrator import dataset, sshd, states
+from orchestrator import dataset, states
+from providers import local as sshd
 from providers.local import local_gpus
 from tests.conftest import needs_torch, run_orch
-from tests.fakes.clouds import (arrange, configure, legal_path, local_billing, open_orch, orch_proc, runpod,  # noqa: F401
+from tests.clouds import (arrange, configure, legal_path, local_billing, open_orch, orch_proc, runpod,  # noqa: F401
                                 vast, wait_for)
 from tests.fakes.runpod_api import FakeRunPod
 
@@ -302,7 +303,7 @@ def test_a_changed_host_key_is_refused_and_nothing_else_is_touched(orch_home):
     os.kill(sshd.sshd_pid(root), signal.SIGTERM)
     wait_for(lambda: not sshd.running(root), what="sshd to stop")
     meta = json.loads((root / "meta.json").read_text())
-    sshd.start(root, meta["host"], meta["port"], meta["instance_id"], meta["env"])
+    sshd.start_sshd(root, meta["host"], meta["port"], meta["instance_id"], meta["env"])
     assert sshd.host_key(root) != pinned
     events_before = [(e.from_state, e.to_state) for e in orch.ledger.events(inst.id)]
 

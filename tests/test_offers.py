@@ -145,7 +145,7 @@ def test_one_provider_failing_is_one_line_and_a_partial_answer(fakes, orch_home,
 
 
 def offers_partial_exit() -> int:
-    from orchestrator.cli_offers import PARTIAL
+    from orchestrator.cli.offers import PARTIAL
 
     return PARTIAL
 
@@ -325,8 +325,8 @@ def test_offers_commands_import_nothing_heavy_for_help(argv):
     import subprocess
     import sys
 
-    code = ("import sys; from orchestrator.cli import app\n"
-            f"try: app({argv!r}, standalone_mode=False)\nexcept SystemExit: pass\n"
+    code = ("import sys; from orchestrator.cli.main import main\n"
+            f"sys.argv = ['orch', *{argv!r}]\ntry: main()\nexcept SystemExit: pass\n"
             "print('HEAVY', [m for m in ('runpod', 'vastai', 'torch', 'fabric') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "HEAVY []"
@@ -334,7 +334,7 @@ def test_offers_commands_import_nothing_heavy_for_help(argv):
 
 # -- orch trial ----------------------------------------------------------------------------------
 def test_bottleneck_heuristic():
-    from orchestrator.cli_offers import bottleneck
+    from orchestrator.cli.offers import bottleneck
 
     assert bottleneck(True, [], [0.5])[0] == "host (CPU-only)"
     assert bottleneck(False, [95, 97, 90], [0.4])[0] == "GPU"
@@ -347,7 +347,7 @@ def test_steps_trial_trains_on_a_copy_of_the_first_images(tmp_path, orch_home):
     import yaml
 
     from orchestrator import dataset
-    from orchestrator.cli_offers import _subset
+    from orchestrator.cli.offers import _subset
 
     data = dataset.synth(tmp_path / "birds", n_train=10, n_val=3, imgsz=32)
     part = _subset(str(data), 4, orch_home)

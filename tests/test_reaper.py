@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator import policy as policies
-from orchestrator import reaper, sshd, states
-from orchestrator.provider import stopped_rate
-from orchestrator.reaper import DESTROY, KEEP, REPORT, STOP, Facts, Observed, decide
-from playbooks import watchdog
+from orchestrator import reaper, rules, states, watchdog as controller_watchdog
+from providers import local as sshd
+from orchestrator.provider import Status, stopped_rate
+from orchestrator.rules import DESTROY, KEEP, REPORT, STOP, Facts, Observed, decide
+from playbooks.on_instance import watchdog
 from tests.conftest import needs_torch, run_orch
 
 T0 = datetime(2026, 7, 31, 12, 0, tzinfo=timezone.utc)
@@ -52,9 +53,9 @@ def wait_for(pred, timeout=30.0, step=0.2, what="condition"):
 
 # -- decisions, pure --------------------------------------------------------------------------------
 def test_break_even_is_the_seeds_arithmetic():
-    be = reaper.break_even_hours(1.00, stopped_rate(250, 0.20))
+    be = rules.break_even_hours(1.00, stopped_rate(250, 0.20))
     assert 14 < be < 15  # 250 GB x 0.20 $/GB-month / 730 against ~1.00 $ to rebuild
-    assert reaper.break_even_hours(1.0, 0.0) is None  # a free disk never needs destroying
+    assert rules.break_even_hours(1.0, 0.0) is None  # a free disk never needs destroying
 
 
 def test_idle_waits_for_the_limit_then_stops_and_says_what_it_saves():
@@ -124,15 +125,15 @@ def test_protected_is_reported_never_acted_on():
     ("auto", True, 14.4, STOP),
 ])
 def test_stop_or_destroy_rule(on_idle, can_stop, be, want):
-    action, why = reaper.idle_action(pol(on_idle=on_idle), can_stop, be, "someprovider")
+    action, why = rules.idle_action(pol(on_idle=on_idle), can_stop, be, "someprovider")
     assert action == want and why
 
 
 def test_rebuild_cost_is_estimated_from_the_ledger():
     events = [SimpleNamespace(at=T0, to_state="requested"), SimpleNamespace(at=T0 + timedelta(minutes=10), to_state="ready")]
     run = SimpleNamespace(started_at=T0 + timedelta(minutes=15))  # 5 more minutes staging the data
-    assert reaper.estimate_rebuild(box(price_hr=4.0), events, run) == pytest.approx(1.0)
-    assert reaper.estimate_rebuild(box(price_hr=4.0), events) == pytest.approx(4.0 * 10 / 60)
+    assert rules.estimate_rebuild(box(price_hr=4.0), events, run) == pytest.approx(1.0)
+    assert rules.estimate_rebuild(box(price_hr=4.0), events) == pytest.approx(4.0 * 10 / 60)
 
 
 # -- the watchdog's decision, pure ---------------------------------------------------------------------
@@ -271,7 +272,7 @@ def test_crashed_training_counts_as_idle(orch_home, no_watchdog, tmp_path):
     status_json = live_root(orch_home, "crash") / "home" / "orch" / "runs" / "r1" / "status.json"
     wait_for(status_json.exists, timeout=120, what="the training to start")
     os.kill(pid, signal.SIGKILL)  # what an OOM kill or a segfault does: status.json still says "running"
-    wait_for(lambda: not sshd._alive(pid), what="the training to die")
+    wait_for(lambda: not sshd.alive(pid), what="the training to die")
     first = {o.name: o for o in reaper.reap(orch)}["crash"]
     assert first.action == KEEP and "training crashed" in first.reason and "idle 0.0 of 10 min" in first.reason
     later = {o.name: o for o in reaper.reap(orch, now=lambda: reaper.utcnow() + timedelta(minutes=11))}["crash"]
@@ -309,7 +310,7 @@ def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_wat
         assert obs.sessions == 1, "one person at a terminal; orch's command without a pty is not counted"
         busy = {o.name: o for o in reaper.reap(orch)}["dl"]
         assert busy.action == KEEP and "1 interactive SSH session" in busy.reason
-        first_ready = reaper.facts(orch, inst).first_ready_at
+        first_ready = controller_watchdog.history(orch, inst).first_ready_at
         late = {o.name: o for o in reaper.reap(orch, now=lambda: first_ready + timedelta(minutes=61))}["dl"]
         assert late.action == STOP and late.acted and "max runtime 1 h" in late.reason
         assert late.saved_hr == pytest.approx(1.9)
@@ -317,7 +318,7 @@ def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_wat
         for p in (person, robot):
             p.kill()
             p.wait()
-    stopped_at = reaper.facts(orch, orch.ledger.get(inst.id)).stopped_since
+    stopped_at = controller_watchdog.history(orch, orch.ledger.get(inst.id)).stopped_since
     keep = {o.name: o for o in reaper.reap(orch, now=lambda: stopped_at + timedelta(hours=9))}["dl"]
     assert keep.action == KEEP and "9.0 h of its 10.0 h break-even" in keep.reason
     gone = {o.name: o for o in reaper.reap(orch, now=lambda: stopped_at + timedelta(hours=11))}["dl"]
@@ -453,7 +454,7 @@ def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
 
 
 # -- the watchdog on the clouds' fakes: it stops its own instance through the provider's API -----------
-from tests.fakes.clouds import arrange, open_orch, runpod, vast  # noqa: E402,F401  (fixtures)
+from tests.clouds import arrange, open_orch, runpod, vast  # noqa: E402,F401  (fixtures)
 
 
 @pytest.mark.parametrize("cloud", ["runpod", "vast"])
@@ -463,9 +464,9 @@ def test_watchdog_stops_a_cloud_instance_through_its_api(orch_home, request, clo
     orch = open_orch()
     inst = arrange(orch, "cl", provider_name) if cloud == "runpod" else arrange(orch, "cl", provider_name, gpu="RTX 4090")
     inst = orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.02).to_json())
-    assert reaper.arm(orch, inst)
+    assert controller_watchdog.arm(orch, inst)
     provider = orch.provider(provider_name)
-    wait_for(lambda: provider.get(inst.provider_id).status == "stopped", timeout=30,
+    wait_for(lambda: provider.get(inst.provider_id).status == Status.STOPPED, timeout=30,
              what=f"the {cloud} instance to stop itself")
     out = {o.name: o for o in reaper.reap(reaper_orch())}["cl"]
     assert out.state == states.STOPPED

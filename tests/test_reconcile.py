@@ -13,7 +13,7 @@ from orchestrator import reconcile as rec
 from orchestrator.ledger import new_id
 from orchestrator.provider import Request, label_for
 from tests.conftest import ROOT, run_orch
-from tests.fakes.clouds import arrange, legal_path, local_billing, open_orch, runpod, vast  # noqa: F401
+from tests.clouds import arrange, legal_path, local_billing, open_orch, runpod, vast  # noqa: F401
 
 GPU = {"vastai": {"gpu": "RTX 4090"}, "runpod": {}, "local": {}}
 
@@ -126,8 +126,10 @@ def test_a_half_made_instance_is_kept_for_a_resume_then_destroyed_after_its_idle
 
     first = rec.reconcile(orch).providers[0]
     assert first.abandoned == ["half"] and first.destroyed == []
-    later = rec._now() + timedelta(minutes=11)  # past the default 10 idle minutes
-    monkeypatch.setattr(rec, "_now", lambda: later)
+    from orchestrator import sync
+
+    later = sync._now() + timedelta(minutes=11)  # past the default 10 idle minutes
+    monkeypatch.setattr(sync, "_now", lambda: later)
     second = rec.reconcile(orch).providers[0]
     assert second.destroyed == ["half"] and local_billing(orch_home) == set()
     why = orch.ledger.events(half.id)[-2].reason

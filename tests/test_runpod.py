@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,8 @@ import pytest
 
 from orchestrator import remote as ssh
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
-from orchestrator.provider import GONE, PENDING, RUNNING, STOPPED, Request, label_for, tcp_open
+from orchestrator.provider import Request, label_for, tcp_open
+from orchestrator.provider import Status
 from providers.runpod import RunPodProvider, register_providers
 from tests.fakes.runpod_api import PRIVATE_IP, fake_runpod, parse  # noqa: F401 - fixture
 
@@ -46,7 +46,7 @@ def _shell(remote, key_path: Path, command: str) -> str:
 def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     key_path, public_key = key
     created = provider.create(Request(name="train", gpu="RTX 4090", disk_gb=30), _label(), public_key)
-    assert created.status == PENDING and created.endpoint is None  # runtime is still null
+    assert created.status == Status.PENDING and created.endpoint is None  # runtime is still null
     assert created.label == _label() and created.gpu_name == "RTX 4090" and not created.spot
     assert created.price_hr == pytest.approx(0.34)
     assert created.stopped_price_hr == pytest.approx(30 * 0.20 / 730)
@@ -58,22 +58,24 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
 
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
     pod = fake_runpod.pods[created.provider_id]
-    assert up.status == RUNNING and up.endpoint.host == "127.0.0.1" and up.endpoint.port == pod.port
+    assert up.status == Status.RUNNING and up.endpoint.host == pod.host.address and up.endpoint.port == pod.port
     assert up.endpoint.host != PRIVATE_IP  # the private entry comes first in runtime.ports
     assert _shell(up, key_path, "echo hi").strip() == "hi"
-    _shell(up, key_path, "echo kept > ~/marker")
+    _shell(up, key_path, "echo kept > /workspace/marker; echo wiped > ~/marker")
 
     provider.stop(created.provider_id)
     stopped = provider.get(created.provider_id)
-    assert stopped.status == STOPPED and stopped.endpoint is None
+    assert stopped.status == Status.STOPPED and stopped.endpoint is None
     assert not tcp_open(up.endpoint)  # sshd and the pod's processes are gone
 
     provider.start(created.provider_id)
     again = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    assert _shell(again, key_path, "cat ~/marker").strip() == "kept"  # the volume survived the stop
+    # The volume survived the stop; the container disk (root's home) did not (RunPod docs, "Manage Pods").
+    assert _shell(again, key_path, "cat /workspace/marker").strip() == "kept"
+    assert "No such file" in _shell(again, key_path, "ls ~/marker 2>&1; true")
 
     provider.destroy(created.provider_id)
-    assert provider.get(created.provider_id).status == GONE
+    assert provider.get(created.provider_id).status == Status.GONE
     assert not tcp_open(again.endpoint)
     provider.destroy(created.provider_id)  # already gone: success
     assert provider.list() == []
@@ -90,7 +92,7 @@ def test_cpu_pod(provider, fake_runpod, key):
     assert _shell(up, key_path, "echo hi").strip() == "hi"
     with pytest.raises(UsageError, match="no volume disk"):  # a stop would wipe its only disk
         provider.stop(created.provider_id)
-    assert provider.get(created.provider_id).status == RUNNING
+    assert provider.get(created.provider_id).status == Status.RUNNING
     provider.destroy(created.provider_id)
 
 
@@ -127,7 +129,7 @@ def test_preempted_spot_pod_is_stopped_and_resumes_with_a_bid(provider, fake_run
     provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
     fake_runpod.preempt(created.provider_id)
     gone = provider.get(created.provider_id)
-    assert gone.status == STOPPED and gone.spot and gone.endpoint is None
+    assert gone.status == Status.STOPPED and gone.spot and gone.endpoint is None
 
     fake_runpod.gpu("NVIDIA GeForce RTX 4090")["minimumBidPrice"] = 0.26
     provider.start(created.provider_id)
@@ -152,8 +154,9 @@ def test_env_values_reach_the_pod_intact(provider, fake_runpod, key):
     tricky = 'say "hi"\nthen a back\\slash and a trailing one\\'
     created = provider.create(Request(name="env", gpu="RTX 4090", env={"TRICKY": tricky}), _label(), public_key)
     assert fake_runpod.pods[created.provider_id].env["TRICKY"] == tricky
-    up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    assert _shell(up, key_path, 'printf %s "$TRICKY"') == tricky
+    provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    environ = fake_runpod.pods[created.provider_id].host.path("/proc/1/environ").read_bytes().split(b"\0")
+    assert f"TRICKY={tricky}".encode() in environ, "the container's environment holds it, byte for byte"
 
 
 @pytest.mark.parametrize("how", ["error", "null"])
@@ -219,8 +222,8 @@ def test_refused_resume_says_the_disk_is_safe(provider, fake_runpod, key):
         provider.start(created.provider_id)
     message = str(refused.value)
     assert "disk" in message and "safe" in message and "orch down" in message
-    assert provider.get(created.provider_id).status == STOPPED
-    assert provider.start(created.provider_id).status in (PENDING, RUNNING)  # later, it works
+    assert provider.get(created.provider_id).status == Status.STOPPED
+    assert provider.start(created.provider_id).status in (Status.PENDING, Status.RUNNING)  # later, it works
 
 
 def test_destroy_waits_for_confirmation(fake_runpod, key):
@@ -229,16 +232,16 @@ def test_destroy_waits_for_confirmation(fake_runpod, key):
     fake_runpod.terminate_ignored = 1  # podTerminate answers as usual and does nothing
     with pytest.raises(ProviderError, match="did not confirm"):
         impatient.destroy(created.provider_id)
-    assert impatient.get(created.provider_id).status in (PENDING, RUNNING)
+    assert impatient.get(created.provider_id).status in (Status.PENDING, Status.RUNNING)
     impatient.destroy(created.provider_id)
-    assert impatient.get(created.provider_id).status == GONE
+    assert impatient.get(created.provider_id).status == Status.GONE
 
 
 def test_terminated_pod_counts_as_gone(provider, fake_runpod, key):
     fake_runpod.terminate_lag = 10**6  # RunPod keeps showing it as TERMINATED
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
     provider.destroy(created.provider_id)
-    assert provider.get(created.provider_id).status == GONE and provider.list() == []
+    assert provider.get(created.provider_id).status == Status.GONE and provider.list() == []
 
 
 def test_offers_one_query_normalised(provider, fake_runpod):
@@ -248,7 +251,7 @@ def test_offers_one_query_normalised(provider, fake_runpod):
     rtx = offers["NVIDIA GeForce RTX 4090"]
     assert (rtx.provider, rtx.gpu_name, rtx.gpus, rtx.vram_gb) == ("runpod", "RTX 4090", 2, 24.0)
     assert rtx.price_hr == pytest.approx(2 * 0.34) and rtx.spot_hr == pytest.approx(2 * 0.20)
-    assert rtx.disk_gb_month == 0.10 and rtx.raw["disk_gb_month_stopped"] == 0.20 and rtx.stock == "High"
+    assert rtx.disk_gb_month == 0.10 and rtx.disk_gb_month_stopped == 0.20 and rtx.stock == "High"
     sxm = offers["NVIDIA A100-SXM4-80GB"]
     assert sxm.price_hr == pytest.approx(2 * 1.89) and sxm.spot_hr is None
     only = provider.offers(Request(name="x", gpu="4090"))
@@ -260,16 +263,16 @@ def test_pod_stops_itself(provider, fake_runpod, key, destroy):
     key_path, public_key = key
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), public_key)
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    command = provider.self_stop_command(destroy=destroy)
+    command = provider.self_stop_command(up.provider_id, destroy=destroy)
     assert fake_runpod.pods[created.provider_id].key not in command and fake_runpod.key not in command
     conn = ssh.connect(up.endpoint.host, up.endpoint.port, up.endpoint.user, key_path, None)
     try:
-        ssh.run(conn, command, check=False, env=provider.remote_env(up))
+        ssh.run(conn, command, check=False)
     except Exception:  # noqa: BLE001 - the pod may go down under its own session
         pass
     finally:
         conn.close()
-    assert provider.get(created.provider_id).status == (GONE if destroy else STOPPED)
+    assert provider.get(created.provider_id).status == (Status.GONE if destroy else Status.STOPPED)
 
 
 def test_pod_key_is_scoped_to_its_pod(provider, fake_runpod, key):
@@ -310,7 +313,7 @@ def test_the_sdk_itself_works_against_the_fake(fake_runpod, monkeypatch):
 def test_registers_itself():
     found = []
     register_providers(found.append)
-    assert found == [RunPodProvider] and RunPodProvider.capabilities.spot_may_disappear
+    assert found == [RunPodProvider]
 
 
 def test_import_does_not_load_the_sdk():
@@ -327,4 +330,3 @@ def test_queries_are_valid_graphql(provider, fake_runpod, key):
     for q in fake_runpod.queries:
         parse(q)
     assert fake_runpod.pods[created.provider_id].name == label
-    assert provider.find(label).provider_id == created.provider_id

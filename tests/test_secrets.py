@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator import dataset
 from tests.conftest import needs_torch, run_orch
-from tests.fakes.clouds import configure, local_billing, orch_proc
+from tests.clouds import configure, local_billing, orch_proc
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
 from tests.postgres import PASSWORD, pg_server, pg_url  # noqa: F401

@@ -110,6 +110,16 @@ def image_files(python: str | None, bashrc_tail: str = "") -> dict[str, dict]:
     return files
 
 
+def _passwd_with_shell(shell: str) -> str:
+    lines = []
+    for line in Path("/etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == "root" and len(fields) == 7:
+            fields[6] = shell
+        lines.append(":".join(fields))
+    return "\n".join(lines) + "\n"
+
+
 class Host:
     """One machine of a fake cloud. ``boot()`` starts it (and is what a start does), ``halt()``
     stops it, ``destroy()`` removes everything. Thread-safe."""
@@ -117,7 +127,7 @@ class Host:
     def __init__(self, state: Path, *, address: str | None = None, env: dict[str, str] | None = None,
                  mount_path: str | None = None, keep_container_disk: bool = False,
                  new_host_keys_each_boot: bool = False, python: str | None = sys.executable,
-                 bashrc_tail: str = "", env_file: str | None = None):
+                 bashrc_tail: str = "", env_file: str | None = None, login_shell: str = "/bin/bash"):
         self.state = Path(state)
         self.id = secrets.token_hex(6)
         self.address = address or loopback_address(self.id)
@@ -127,6 +137,8 @@ class Host:
         self.keep_container_disk = keep_container_disk
         self.new_host_keys_each_boot = new_host_keys_each_boot
         self.files = image_files(python, bashrc_tail)
+        if login_shell != "/bin/bash":  # an image whose root logs in to another shell (zsh, dash)
+            self.files["/etc/passwd"] = {"text": _passwd_with_shell(login_shell)}
         self.env_file = env_file
         self.proc: subprocess.Popen | None = None
         self.boots = 0

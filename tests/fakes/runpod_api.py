@@ -20,10 +20,8 @@ import json
 import random
 import re
 import secrets
-import shlex
 import shutil
 import string
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import sshd
+from tests.fakes.hosts import Host, free_port
 
 HOST = "127.0.0.1"
 PRIVATE_IP = "127.0.0.254"  # the "private" address: loopback, and nothing listens there
@@ -232,6 +230,7 @@ class Pod:
     mount: str | None
     root: Path
     key: str  # the pod-scoped RUNPOD_API_KEY
+    host: Host | None = None
     vcpus: int = 8
     memory_gb: int = 32
     status: str = "RUNNING"
@@ -300,8 +299,8 @@ class FakeRunPod:
             self._server.server_close()
         with self._lock:
             for pod in self.pods.values():
-                if pod.root.exists():
-                    sshd.kill_instance(pod.root, pod.id)
+                if pod.host is not None:
+                    pod.host.destroy()
 
     def settings(self, **extra) -> dict[str, Any]:
         """Provider settings for this fake: its key, this machine's user, quick retries and polls."""
@@ -471,7 +470,7 @@ class FakeRunPod:
         return {"uptimeInSeconds": int(time.time() - pod.started), "gpus": [], "ports": [
             {"ip": PRIVATE_IP, "isIpPublic": False, "privatePort": 22, "publicPort": pod.private_port,
              "type": "tcp"},
-            {"ip": HOST, "isIpPublic": True, "privatePort": 22, "publicPort": pod.port, "type": "tcp"},
+            {"ip": pod.host.address, "isIpPublic": True, "privatePort": 22, "publicPort": pod.port, "type": "tcp"},
         ]}
 
     # -- mutations ------------------------------------------------------------------------
@@ -521,7 +520,6 @@ class FakeRunPod:
         pod_id = _pod_id()
         root = self.root / pod_id
         root.mkdir(parents=True)
-        (root / "authorized_keys").write_text(env.get("PUBLIC_KEY", "").strip() + "\n")
         volume = int(given.get("volumeInGb") or 0)
         pod = Pod(id=pod_id, name=str(given["name"]), pod_type=pod_type, gpu_type=gpu, gpu_count=count,
                   cost_per_hr=cost, bid=bid, image=str(given.get("imageName") or ""), env=env,
@@ -536,43 +534,31 @@ class FakeRunPod:
         return pod_id
 
     def _boot(self, pod: Pod) -> None:
-        pod.port = sshd.free_port(HOST)
-        pod.private_port = sshd.free_port(PRIVATE_IP)  # found free, then left unbound
         pod.late_polls = self.runtime_delay
         pod.status, pod.started, pod.changed = "RUNNING", time.time(), time.time()
-        bindir = str(Path(sys.executable).parent)
-        runpod_env = {"RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.key, "RUNPOD_PUBLIC_IP": HOST,
-                      "RUNPOD_TCP_PORT_22": str(pod.port), "RUNPOD_GPU_COUNT": str(pod.gpu_count),
+        runpod_env = {"RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.key, "RUNPOD_GPU_COUNT": str(pod.gpu_count),
                       # where "RunPod's API" is, seen from the pod
                       "RUNPOD_API_BASE_URL": self.url}
-        # The container's environment, every value intact (quotes, newlines, backslashes), reaches
-        # SSH sessions through ~/.bashrc, as RunPod's images source /etc/rp_environment: sshd's
-        # SetEnv cannot carry a newline, and bash run by sshd reads ~/.bashrc, not BASH_ENV.
         container_env = {**pod.env, **runpod_env}
         if not pod.gpu_count:
             container_env["CUDA_VISIBLE_DEVICES"] = ""
-        env_file = pod.root / "container_env.sh"
-        env_file.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in container_env.items()
-                                    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)))
-        home = pod.root / "home"
-        home.mkdir(exist_ok=True)
-        bashrc, line = home / ".bashrc", f". {shlex.quote(str(env_file))}\n"
-        if line not in (bashrc.read_text() if bashrc.exists() else ""):
-            with bashrc.open("a") as f:
-                f.write(line)
-        setenv = {**runpod_env, "ORCH_PYTHON": sys.executable, "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin"}
-        public_key = pod.env.get("PUBLIC_KEY", "")
-        if not re.search(r'["\\\n]', public_key):
-            setenv["PUBLIC_KEY"] = public_key
+        if pod.host is None:
+            # RunPod's images (runpod/containers, official-templates/base start.sh): new SSH host keys
+            # at every start, the container's environment written to /etc/rp_environment and sourced
+            # at the end of ~/.bashrc (after Ubuntu's early return for non-interactive shells).
+            pod.host = Host(pod.root, env=container_env, mount_path=pod.mount if pod.volume_gb else None,
+                            keep_container_disk=False, new_host_keys_each_boot=True,
+                            env_file="/etc/rp_environment", bashrc_tail="source /etc/rp_environment\n")
+        pod.port = pod.private_port = free_port(pod.host.address)
+        pod.host.env.update({"RUNPOD_PUBLIC_IP": pod.host.address, "RUNPOD_TCP_PORT_22": str(pod.port)})
         try:
-            sshd.start(pod.root, HOST, pod.port, pod.id, setenv)
+            pod.host.boot(port=pod.port)
         except RuntimeError as e:
             raise GraphQLError(f"{SOMETHING_WRONG} ({e})", 500, "INTERNAL_SERVER_ERROR") from None
 
     def _halt(self, pod: Pod) -> None:
-        sshd.kill_instance(pod.root, pod.id)
-        if not pod.volume_gb:  # no volume disk: the container disk is all there was
-            shutil.rmtree(pod.root / "home", ignore_errors=True)
+        if pod.host is not None:
+            pod.host.halt()  # the container disk goes with it; the volume stays
         pod.status, pod.changed = "EXITED", time.time()
 
     def _podStop(self, pod: Pod, given: dict) -> None:  # noqa: N802 - named after the mutation
@@ -607,7 +593,8 @@ class FakeRunPod:
         if self.terminate_ignored > 0:
             self.terminate_ignored -= 1
             return
-        sshd.kill_instance(pod.root, pod.id)
+        if pod.host is not None:
+            pod.host.destroy()
         shutil.rmtree(pod.root, ignore_errors=True)
         pod.status, pod.changed, pod.gone_polls = "TERMINATED", time.time(), self.terminate_lag
 

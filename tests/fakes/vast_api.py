@@ -21,7 +21,6 @@ import json
 import re
 import secrets
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from orchestrator import sshd
+from tests.fakes.hosts import Host, free_port
 
 HOST = "127.0.0.1"
 # Vast's SSH proxy, faked where nothing listens: a client that uses it never leaves loopback.
@@ -164,8 +163,9 @@ class FakeVast:
         if self._server:
             self._server.shutdown()
             self._server.server_close()
-        for iid in list(self._private):
-            self._kill(iid)
+        for own in list(self._private.values()):
+            if own.get("host") is not None:
+                own["host"].destroy()
 
     @property
     def url(self) -> str:
@@ -219,7 +219,8 @@ class FakeVast:
 
     # -- helpers for tests -----------------------------------------------------------------
     def home(self, instance_id: int | str) -> Path:
-        return self._private[int(instance_id)]["root"] / "home"
+        """root's home on the instance's disk (the container disk's writable layer), running or not."""
+        return self._private[int(instance_id)]["host"].upper / "upper" / "root"
 
     def container_key(self, instance_id: int | str) -> str:
         return self._private[int(instance_id)]["container_key"]
@@ -335,7 +336,7 @@ class FakeVast:
             "num_gpus": offer["num_gpus"], "gpu_name": offer["gpu_name"], "gpu_ram": offer["gpu_ram"],
             "gpu_totalram": offer["gpu_total_ram"], "cpu_cores": offer["cpu_cores"], "cpu_ram": offer["cpu_ram"],
             "image_uuid": body["image"], "image_runtype": body.get("runtype"), "onstart": body.get("onstart"),
-            "ssh_host": PROXY_HOST, "ssh_port": sshd.free_port(PROXY_HOST), "ssh_idx": "253",
+            "ssh_host": PROXY_HOST, "ssh_port": free_port(PROXY_HOST), "ssh_idx": "253",
             "public_ipaddr": HOST, "ports": {},
             "is_bid": bid is not None, "min_bid": offer["min_bid"], "storage_cost": offer["storage_cost"],
             "dph_base": offer["dph_base"],
@@ -351,8 +352,7 @@ class FakeVast:
             "instance_id": f"vast{iid}-{uuid.uuid4().hex[:8]}", "port": None, "polls": 0, "gone_polls": 0,
             "offer": offer, "bid": bid,
         }
-        (self.root / str(iid) / "home").mkdir(parents=True, exist_ok=True)
-        (self.root / str(iid) / "authorized_keys").touch(mode=0o600)
+        self._private[iid]["keys"] = []
         if bid is not None and bid < offer["min_bid"]:
             self.instances[iid].update(actual_status="stopped", cur_state="stopped", status_msg="outbid")
         return 200, {"success": True, "new_contract": iid}
@@ -416,8 +416,9 @@ class FakeVast:
         row = self.instances.get(iid)
         if row is None or row["intended_status"] == "destroyed":
             return 404, {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
-        self._kill(iid)
         own = self._private[iid]
+        if own.get("host") is not None:
+            own["host"].destroy()
         shutil.rmtree(own["root"], ignore_errors=True)
         own["offer"]["rented"] = False
         row.update(intended_status="destroyed", cur_state="stopped", actual_status="exited", ports={})
@@ -430,8 +431,10 @@ class FakeVast:
         key = (body.get("ssh_key") or "").strip()
         if not key.startswith(("ssh-", "ecdsa-")):
             return 200, {"success": False, "error": "invalid_args", "msg": "Invalid SSH key."}
-        with open(self._private[iid]["root"] / "authorized_keys", "a") as f:
-            f.write(key + "\n")
+        own = self._private[iid]
+        own["keys"].append(key)
+        if own.get("host") is not None and own["host"].running():
+            own["host"].add_authorized_key(key)
         return 200, {"success": True, "msg": "SSH key attached to instance."}
 
     def _change_bid(self, iid: int, body: dict):
@@ -452,31 +455,35 @@ class FakeVast:
     # -- the "machine" ---------------------------------------------------------------------
     def _boot(self, iid: int) -> None:
         row, own = self.instances[iid], self._private[iid]
-        if own["port"] is None or not sshd.port_free(HOST, own["port"]):
-            own["port"] = sshd.free_port(HOST)
-        bindir = str(Path(sys.executable).parent)
         env = {k: v for k, v in row["extra_env"]}
         env.update({
-            "CONTAINER_ID": str(iid), "CONTAINER_API_KEY": own["container_key"],
-            "VAST_CONTAINERLABEL": f"C.{iid}", "PUBLIC_IPADDR": HOST, "VAST_TCP_PORT_22": str(own["port"]),
-            # The "image" ships torch and LibreYOLO: the controller's own Python is the image's.
-            "ORCH_PYTHON": sys.executable, "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+            "CONTAINER_ID": str(iid), "CONTAINER_API_KEY": own["container_key"], "VAST_CONTAINERLABEL": f"C.{iid}",
             # Real containers have no VAST_URL; here it keeps self-stop calls on this fake.
             "VAST_URL": self.url,
         })
-        sshd.start(own["root"], HOST, own["port"], own["instance_id"], env)
+        if own.get("host") is None:
+            # A Vast.ai instance keeps its whole disk across a stop; the container's environment is
+            # not exported to SSH sessions.
+            own["host"] = Host(own["root"], env=env, keep_container_disk=True)
+        host = own["host"]
+        if own["port"] is None:
+            own["port"] = free_port(host.address)
+        host.env.update({"PUBLIC_IPADDR": host.address, "VAST_TCP_PORT_22": str(own["port"])})
+        host.boot(port=own["port"])
+        for key in own["keys"]:
+            host.add_authorized_key(key)
         direct = own["port"]
         if self.direct_broken:
-            direct = sshd.free_port(HOST)  # nothing listens there
-            row.update(ssh_host=HOST, ssh_port=own["port"])
-        row.update(actual_status="running", status_msg="running",
+            direct = free_port(HOST)  # nothing listens there
+            row.update(ssh_host=host.address, ssh_port=own["port"])
+        row.update(actual_status="running", status_msg="running", public_ipaddr=host.address,
                    ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(direct)},
                                      {"HostIp": "::", "HostPort": str(direct)}]})
 
     def _kill(self, iid: int) -> None:
         own = self._private.get(iid)
-        if own and own["root"].exists():
-            sshd.kill_instance(own["root"], own["instance_id"])
+        if own and own.get("host") is not None:
+            own["host"].halt()
 
 
 class _Handler(BaseHTTPRequestHandler):

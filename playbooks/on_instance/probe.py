@@ -3,7 +3,6 @@
 Standard library only at the top: torch may be missing or broken here.
 """
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -49,4 +48,4 @@ try:
     facts["libreyolo"] = version("libreyolo")
 except Exception as e:  # noqa: BLE001
     facts["libreyolo_error"] = f"{type(e).__name__}: {e}"[:300]
-print("ORCH_PROBE " + json.dumps(facts))
+print("ORCH_RESULT " + json.dumps(facts))

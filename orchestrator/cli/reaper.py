@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli import _console, _emit_json, _orch, _say, app
+from orchestrator.cli.app import app, console, emit_json, open_orch, say
 from orchestrator.errors import UsageError
 
 reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this shell.", no_args_is_help=True)
@@ -18,7 +18,7 @@ def _outcomes_table(outcomes, dry_run: bool) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    c = _console()
+    c = console()
     if not outcomes:
         c.print("no live instances")
         return
@@ -52,15 +52,15 @@ def reap(
 
     if interval < 1:
         raise UsageError(f"--interval must be at least 1 second, not {interval:g}")
-    orch = _orch(actor=reaper.ACTOR)
+    orch = open_orch(actor=reaper.ACTOR)
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
         outcomes = reaper.reap(orch, dry_run=dry_run, force=force)
         if as_json:
-            _emit_json([o.to_dict() for o in outcomes])
+            emit_json([o.to_dict() for o in outcomes])
         else:
             if watch:
-                _console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
+                console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
             _outcomes_table(outcomes, dry_run)
         if not watch:
             return
@@ -78,9 +78,9 @@ def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h.
     """Install the schedule (a systemd user timer, else a crontab entry, else a detached loop)."""
     from orchestrator import schedule
 
-    orch = _orch()
+    orch = open_orch()
     info = schedule.install(orch.ledger, orch.home, schedule.parse_every(every), backend)
-    c = _console()
+    c = console()
     c.print(f"reaper installed ({info['backend']}): `{info['command']}` every {info['every']} s")
     c.print(f"  environment  {info['env_file']} (0600): {', '.join(info['carried'])}")
     c.print(f"  note         {info['note']}")
@@ -91,8 +91,8 @@ def reaper_uninstall():
     """Remove the schedule."""
     from orchestrator import schedule
 
-    info = schedule.uninstall(_orch().ledger)
-    _console().print(f"reaper schedule removed ({info['backend']})" if info else "no reaper schedule was installed")
+    info = schedule.uninstall(open_orch().ledger)
+    console().print(f"reaper schedule removed ({info['backend']})" if info else "no reaper schedule was installed")
 
 
 @reaper_app.command("status")
@@ -102,11 +102,11 @@ def reaper_status(as_json: bool = typer.Option(False, "--json", help="As JSON.")
 
     from rich.markup import escape
 
-    st = schedule.status(_orch().ledger)
+    st = schedule.status(open_orch().ledger)
     if as_json:
-        _emit_json(st)
+        emit_json(st)
         return
-    c = _console()
+    c = console()
     if st["installed"]:
         c.print(f"schedule   {st['backend']}, every {st['every']} s, "
                 f"{'running' if st['running'] else '[red]NOT running[/]'} (installed {st['installed_at'][:19]}Z)")
@@ -130,16 +130,16 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
     from orchestrator import cost as costs
 
-    orch = _orch()
+    orch = open_orch()
     start = costs.parse_since(since) if since else None
     rows, totals = costs.report(orch.ledger, name, start)
     if as_json:
-        _emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
+        emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
                     "providers": totals})
         return
     from rich.table import Table
 
-    c = _console()
+    c = console()
     if not rows:
         c.print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
         return
@@ -159,20 +159,20 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
 
 
 def _set_protected(name: str, on: bool) -> None:
-    from orchestrator import reaper, states
+    from orchestrator import states, watchdog
 
-    orch = _orch()
+    orch = open_orch()
     inst = orch.instance(name)
     if inst.protected == on:
-        _console().print(f"{name} is already {'protected' if on else 'unprotected'}")
+        console().print(f"{name} is already {'protected' if on else 'unprotected'}")
         return
     inst = orch.ledger.update(inst.id, protected=on)
     orch.ledger.note(inst.id, "protected: the reaper and the watchdog only report" if on else
                      "unprotected: the reaper and the watchdog act on it again", orch.actor)
-    told = inst.state == states.READY and reaper.watchdog_enabled() and reaper.arm(orch, inst)
-    if inst.state == states.READY and reaper.watchdog_enabled() and not told:
-        _say(f"orch: warning: the watchdog on {name} could not be told; it keeps its last policy")
-    _console().print(f"{name}: {'protected' if on else 'unprotected'}" + (" (watchdog told)" if told else ""))
+    told = inst.state == states.READY and watchdog.enabled() and watchdog.arm(orch, inst)
+    if inst.state == states.READY and watchdog.enabled() and not told:
+        say(f"orch: warning: the watchdog on {name} could not be told; it keeps its last policy")
+    console().print(f"{name}: {'protected' if on else 'unprotected'}" + (" (watchdog told)" if told else ""))
 
 
 @app.command()

@@ -5,6 +5,7 @@ how long since status.json last moved, and the files worth pulling with their si
 """
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -39,17 +40,26 @@ except (OSError, ValueError):
     pass
 pids = {pid, (status or {}).get("pid")} - {None}
 files = []
-for rel in PULL:
-    f = run_dir / rel
-    if f.is_file():
-        st = f.stat()
-        files.append([rel, st.st_size, st.st_mtime])
-for f in sorted((run_dir / "weights").glob("epoch_*.pt")) if (run_dir / "weights").is_dir() else []:
-    st = f.stat()
-    files.append([f"weights/{f.name}", st.st_size, st.st_mtime])
+
+
+def regular(rel):
+    """[rel, size, mtime] of a regular file (never a link) in the run dir, else None."""
+    try:
+        st = os.lstat(run_dir / rel)
+    except OSError:
+        return None
+    return [rel, st.st_size, st.st_mtime] if stat.S_ISREG(st.st_mode) else None
+
+
+weights = run_dir / "weights"
+epochs = sorted(f"weights/{f.name}" for f in weights.glob("epoch_*.pt")) if weights.is_dir() and not weights.is_symlink() else []
+for rel in (*PULL, *epochs):
+    entry = regular(rel)
+    if entry:
+        files.append(entry)
 try:
     moved = time.time() - (run_dir / "status.json").stat().st_mtime
 except OSError:
     moved = None
-print("ORCH_RUN " + json.dumps({"status": status, "alive": any(alive(p) for p in pids), "moved_s": moved,
+print("ORCH_RESULT " + json.dumps({"status": status, "alive": any(alive(p) for p in pids), "moved_s": moved,
                                  "files": files, "exists": run_dir.is_dir()}))

@@ -26,4 +26,4 @@ except Exception as e:  # noqa: BLE001
     out["error"] = msg[:500]
     if "no kernel image is available" in msg:
         out["kind"] = "no-kernel-image"
-print("ORCH_VERIFY " + json.dumps(out))
+print("ORCH_RESULT " + json.dumps(out))

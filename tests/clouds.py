@@ -1,7 +1,7 @@
 """What the reconcile, fault, concurrency and secrets tests share: fake clouds configured for the
 ``orch`` CLI, instances arranged without provisioning, and the checks a user would make.
 
-    from tests.fakes.clouds import runpod, vast  # noqa: F401  (fixtures)
+    from tests.clouds import runpod, vast  # noqa: F401  (fixtures)
 """
 
 from __future__ import annotations

@@ -5,12 +5,11 @@ This module is imported by every ``orch`` command: it loads nothing heavy at imp
 
 from __future__ import annotations
 
-import json
 import sys
 
 import typer
 
-from orchestrator.cli import _emit_json, _orch, app
+from orchestrator.cli.app import app, emit_json, open_orch
 
 LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settled", "busy")
 
@@ -21,9 +20,9 @@ def reconcile(as_json: bool = typer.Option(False, "--json", help="The report as 
     an interrupted orch left. A provider whose listing fails is reported and left alone (exit 1)."""
     from orchestrator import reconcile as rec
 
-    report = rec.reconcile(_orch(actor=rec.ACTOR))
+    report = rec.reconcile(open_orch(actor=rec.ACTOR))
     if as_json:
-        _emit_json(report.to_dict())
+        emit_json(report.to_dict())
     else:
         for p in report.providers:
             print(f"{p.provider:<10} {_line(p)}")

@@ -38,12 +38,12 @@ def build(kwargs):
 
 def api(spec):
     callbacks = []
-    if spec.get("push"):
-        # Imported from a module, not exec'd: LibreYOLO pickles callbacks for its GPU workers.
-        sys.path.insert(0, spec["push"])
-        from orch_push import orch_hub_push
+    if spec.get("push_to"):
+        # A class from a module beside this file, not exec'd source: LibreYOLO pickles callbacks
+        # for its GPU workers, which import it by name.
+        from hub_push import OrchHubPush
 
-        callbacks.append(orch_hub_push)
+        callbacks.append(OrchHubPush(spec["push_to"]))
     kwargs = dict(spec["kwargs"])
     build(kwargs).train(callbacks=callbacks, **kwargs)
     return 0

@@ -37,7 +37,7 @@ from typing import List, Optional
 
 import typer
 
-from orchestrator.cli import _emit_json, _orch, _say, app
+from orchestrator.cli.app import app, emit_json, open_orch, say
 from orchestrator.errors import OrchError, UsageError
 
 PARTIAL = 3
@@ -86,20 +86,20 @@ def offers(
             from orchestrator.dataset import suggest_disk_gb
 
             disk, why = suggest_disk_gb(job.data_bytes, model, epochs, None)
-            _say(f"disk: {why}")
+            say(f"disk: {why}")
     if not 1 <= disk <= 20_000:
         raise UsageError(f"--disk must be between 1 and 20000 GB, not {disk}")
     query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price,
                     providers=provider or None, sort=sort)
-    orch = _orch()
+    orch = open_orch()
     answer = o.search(orch, query, job, fresh=fresh)
     for name, error in answer.errors:
         print(f"orch: {name}: {error}", file=sys.stderr)
     if answer.cached:
         ages = ", ".join(f"{n} {age:.0f} s old" for n, age in sorted(answer.cached.items()))
-        _say(f"cached answers: {ages} (--fresh asks again)")
+        say(f"cached answers: {ages} (--fresh asks again)")
     if as_json:
-        _emit_json({"query": {"gpu": gpu, "gpus": gpus, "min_vram": min_vram, "mode": mode, "disk_gb": disk,
+        emit_json({"query": {"gpu": gpu, "gpus": gpus, "min_vram": min_vram, "mode": mode, "disk_gb": disk,
                               "max_price": max_price, "providers": answer.asked, "epochs": epochs, "model": model,
                               "data": data, "dataset_gb": dataset_gb},
                     "offers": [r.to_dict() for r in answer.rows],
@@ -183,7 +183,7 @@ def trial(
     if steps is not None and not 2 <= steps <= 10_000:
         raise UsageError(f"--steps must be between 2 and 10000, not {steps}")
     extra = training.parse_train_args(train_arg or [])
-    orch = _orch()
+    orch = open_orch()
     inst = orch.instance(name)
     if inst.state != "ready":
         raise UsageError(f"{name} is {inst.state}: a trial needs a ready instance")
@@ -196,7 +196,7 @@ def trial(
     spec = training.TrainSpec(data=str(subset.path) if subset else data, model=model, epochs=epochs or 2,
                               imgsz=imgsz, batch=batch, train_args=extra)
     _refuse_if_training(orch, inst)
-    training.prepare(spec, orch.home, _say)
+    training.prepare(spec, orch.home, say)
     run = training.launch(orch, inst, spec)
     if subset:  # the measurement is of the user's dataset, which is what later estimates look up
         run = orch.ledger.update_run(run.id, data=data, data_bytes=subset.data_bytes)
@@ -213,7 +213,7 @@ def trial(
     orch.ledger.update_run(run.id, mean_epoch_seconds=result["epoch_seconds"], peak_vram_gb=result["peak_vram_gb"],
                            args=json.dumps(args, sort_keys=True))
     if as_json:
-        _emit_json({"instance": name, "run": run.id, "model": model, "data": data, "gpu": inst.gpu_name,
+        emit_json({"instance": name, "run": run.id, "model": model, "data": data, "gpu": inst.gpu_name,
                     "gpus": 0 if inst.cpu_only else inst.gpus, **result})
         return
     _report(name, inst, run, model, result)
@@ -229,61 +229,16 @@ def _refuse_if_training(orch, inst) -> None:
         raise UsageError(f"{inst.name} is training (run r{latest.id}): a trial beside it would time both")
 
 
-SAMPLER = r'''
-import json, os, shutil, subprocess, sys, time
-pid, out = int(sys.argv[1]), sys.argv[2]
-smi = shutil.which("nvidia-smi")
-
-def cpu():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return sum(v) - idle, sum(v)
-
-def alive():
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-prev = cpu()
-os.makedirs(os.path.dirname(out), exist_ok=True)
-with open(out, "a") as f:
-    while alive():
-        time.sleep(1)
-        now = cpu()
-        row = {"t": time.time(), "cpu": (now[0] - prev[0]) / max(now[1] - prev[1], 1)}
-        prev = now
-        if smi:
-            try:
-                q = subprocess.run([smi, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                                   capture_output=True, text=True, timeout=10).stdout
-                pairs = [[float(x) for x in line.split(",")] for line in q.strip().splitlines() if line.strip()]
-                row["gpu"] = [p[0] for p in pairs]
-                row["mem_mib"] = [p[1] for p in pairs]
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-'''
-
-
 def _start_sampler(orch, inst, run) -> str:
-    """Start the sampler on the instance beside the training; returns where it writes."""
-    from orchestrator import remote
-    from playbooks import train
+    """Start the sampler (on_instance/sampler.py) beside the training; returns where it writes."""
+    from playbooks import host
 
     with orch.connect(inst) as c:
         # Not in the run's folder: LibreYOLO creates that only once its setup is done.
-        out = f"{train.workdir(c)}/trials/r{run.id}-samples.jsonl"
-        script = remote.put_text(c, SAMPLER, f"{train.workdir(c)}/bin/orch_sampler.py", 0o644)
-        remote.run(c, f"setsid nohup {shlex.quote(train.python(c))} {script} {int(run.pid)} {shlex.quote(out)} "
-                      f"> /dev/null 2>&1 < /dev/null &")
+        work = host.workdir(c)
+        out = f"{work}/trials/r{run.id}-samples.jsonl"
+        host.detach(c, [host.python(c), host.upload(c, "sampler.py"), str(int(run.pid)), out],
+                    f"{work}/sampler.log")
     return out
 
 

@@ -17,7 +17,7 @@ never signals the training itself; it destroys only when the weights were pulled
 changed (else it stops: the disk keeps them).
 
     python watchdog.py run CONFIG     the daemon (one per instance: a second one exits at once)
-    python watchdog.py probe WORKDIR  one look, printed as an ``ORCH_WATCHDOG {json}`` line
+    python watchdog.py probe WORKDIR  one look, printed as an ``ORCH_RESULT {json}`` line
 """
 
 import fcntl
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-GPU_BUSY = 10.0  # % utilisation above which a GPU counts as in use
+GPU_BUSY = 10.0  # % utilisation at or above which a GPU counts as in use (the reaper's too)
 RETRY_S = 60.0  # a self-stop that failed, or that has not taken effect, is tried again after this
 DEFAULT_INTERVAL = 5.0
 PTY_MAJORS = range(136, 144)  # Unix98 pseudo-terminals (/dev/pts/N)
@@ -149,6 +149,20 @@ def look(work, gpu=True, scope=None):
 
 
 # -- deciding -------------------------------------------------------------------------------------
+def busy_reasons(training_pids, sessions, gpu_util):
+    """Why the instance is in use, or [] when it is idle: the one definition the watchdog and the
+    controller's reaper share. ``training_pids``: live training processes (or a description)."""
+    busy = []
+    if training_pids:
+        busy.append(training_pids if isinstance(training_pids, str) else
+                    "training pid " + ",".join(map(str, training_pids)))
+    if sessions:
+        busy.append(f"{sessions} interactive SSH session(s)")
+    if gpu_util is not None and gpu_util >= GPU_BUSY:
+        busy.append(f"GPU {gpu_util:.0f}% busy")
+    return busy
+
+
 def step(cfg, mem, seen, now, last_write=None, safe=True):
     """One check, pure: (cfg, what we remember, what we see now) -> (memory, decision, reason, action).
 
@@ -156,13 +170,7 @@ def step(cfg, mem, seen, now, last_write=None, safe=True):
     "destroy" or None; ``decision`` is keep, stop, destroy or report (protected, or no command).
     """
     mem = dict(mem)
-    busy = []
-    if seen["training"]:
-        busy.append("training pid " + ",".join(map(str, seen["training"])))
-    if seen["sessions"]:
-        busy.append(f"{seen['sessions']} interactive SSH session(s)")
-    if seen.get("gpu_util") is not None and seen["gpu_util"] >= GPU_BUSY:
-        busy.append(f"GPU {seen['gpu_util']:.0f}% busy")
+    busy = busy_reasons(seen["training"], seen["sessions"], seen.get("gpu_util"))
     if busy:
         mem["last_active_at"] = now
     elif mem.get("was_training"):
@@ -284,7 +292,7 @@ def probe(work):
         alive = b"watchdog.py" in _cmdline(state["pid"]) and os.path.exists(f"/proc/{state['pid']}")
     cfg = _load(os.path.join(work, "watchdog-config.json")) or {}
     seen = look(work, gpu=cfg.get("gpu", True), scope=os.environ.get("ORCH_INSTANCE_ID"))
-    print("ORCH_WATCHDOG " + json.dumps({**seen, "now": time.time(), "state": state, "alive": alive,
+    print("ORCH_RESULT " + json.dumps({**seen, "now": time.time(), "state": state, "alive": alive,
                                          "last_run_write": last_run_write(work)}), flush=True)
 
 

@@ -1,43 +1,20 @@
-"""The ``orch`` command. Heavy modules (SQLAlchemy, Fabric, provider SDKs) load inside commands."""
+"""The commands on one instance: up, status, ssh, stop, start, down, pull, logs, monitor.
+
+Every argument is checked before anything is opened or created: bad input leaves no ORCH_HOME,
+no ledger and no instance behind.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import List, Optional
 
 import typer
 
-from orchestrator.errors import OrchError, UsageError
-
-app = typer.Typer(help="Rent GPUs, train on them, bring the weights home, never leave a machine billing.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
-                  context_settings={"help_option_names": ["-h", "--help"]})
-db_app = typer.Typer(help="The ledger's database.", no_args_is_help=True)
-app.add_typer(db_app, name="db")
-data_app = typer.Typer(help="Datasets: stage them where every provider can fetch them fast.", no_args_is_help=True)
-app.add_typer(data_app, name="data")
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _orch(actor: str = "cli"):
-    from orchestrator.lifecycle import Orch
-
-    return Orch.open(actor=actor, say=_say)
-
-
-def _emit_json(data) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+from orchestrator.cli.app import app, emit_json, open_orch, out, say
+from orchestrator.errors import OrchError, SSHError, UsageError
+from orchestrator.text import clean
 
 
 @app.command()
@@ -71,44 +48,50 @@ def up(
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
-    from orchestrator import config, training
+    from orchestrator import plugins, training
+    from orchestrator import policy as policies
+    from orchestrator.lifecycle import check_name, check_request
     from orchestrator.provider import Request
 
-    from orchestrator import policy as policies
-
+    check_name(name)
     policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
                                  rebuild_cost=rebuild_cost)
     if ssh_timeout is not None and not 0 < ssh_timeout <= 24 * 60:
         raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {ssh_timeout}")
     spec = None
-    if data or resume:
+    if data is not None or resume:
         if not data:
-            raise UsageError("--resume needs --data (the dataset the run trains on)")
+            raise UsageError("--data needs a dataset folder or hf://ORG/REPO/FILE.tar" if data is not None else
+                             "--resume needs --data (the dataset the run trains on)")
         spec = training.TrainSpec(data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
                                   save_period=save_period, train_args=training.parse_train_args(train_arg or []),
                                   push_to=push_to, resume=resume)
         training.check_spec(spec)
-    orch = _orch()
+    else:
+        _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
+    check_request(name, Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
+                                image=image, spot=spot, bid=bid, offer=offer))
+    orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
         if existing.state != "ready":
             raise UsageError(f"{name} is {existing.state}: `orch start {name}` first")
-        training.prepare(spec, orch.home, _say)
+        training.prepare(spec, orch.home, say)
         run = training.launch(orch, existing, spec)
         _after_launch(orch, existing, run, wait, as_json)
         return
     if spec is not None:
-        training.prepare(spec, orch.home, _say)
+        training.prepare(spec, orch.home, say)
         if disk is None:
             disk, why = training.disk_for(spec)
-            _say(f"      disk: {why}")
+            say(f"      disk: {why}")
     request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
                       image=image, spot=spot, bid=bid, offer=offer)
     if cheapest:
         from orchestrator import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
-    provider = config.get("default_provider", "local") if provider is None else provider
+    provider = plugins.default_provider() if provider is None else provider
     holder = {}
 
     def start_training(inst):
@@ -122,13 +105,25 @@ def up(
     _after_launch(orch, inst, holder["run"], wait, as_json)
 
 
+def _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model) -> None:
+    """Training options without --data would be silently ignored: refuse them."""
+    given = [flag for flag, value, default in (("--train-arg", train_arg, None), ("--push-to", push_to, None),
+                                               ("--save-period", save_period, None), ("--imgsz", imgsz, None),
+                                               ("--batch", batch, None), ("--epochs", epochs, 10),
+                                               ("--model", model, "yolo9-t"))
+             if value not in (default, [])]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'is a training option' if len(given) == 1 else 'are training options'}: "
+                         "add --data")
+
+
 def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
     from orchestrator import training
 
     view = training.follow(orch, inst, run) if wait else None
     if view:
         got, where = training.pull(orch, inst, run, view=view)
-        _say(f"      weights and run files in {where}")
+        say(f"      weights and run files in {where}")
     _summary(inst, as_json, run=orch.ledger.update_run(run.id), view=view)
 
 
@@ -139,17 +134,16 @@ def _summary(inst, as_json: bool, run=None, view=None) -> None:
     if run is not None:
         data["run"] = run_dict(run, view)
     if as_json:
-        _emit_json(data)
+        emit_json(data)
         return
-    c = _console()
-    c.print(f"[bold]{inst.name}[/] on {inst.provider}: [green]{inst.state}[/]")
-    c.print(f"  device   {inst.device or '-'}")
-    c.print(f"  price    ${inst.price_hr:.4f}/hr running, ${inst.stopped_price_hr:.4f}/hr stopped")
-    c.print(f"  ssh      orch ssh {inst.name}")
+    out(f"{inst.name} on {inst.provider}: {inst.state}")
+    out(f"  device   {clean(inst.device) or '-'}")
+    out(f"  price    ${inst.price_hr:.4f}/hr running, ${inst.stopped_price_hr:.4f}/hr stopped")
+    out(f"  ssh      orch ssh {inst.name}")
     if run is not None:
         r = data["run"]
-        c.print(f"  run      {r['model']} {r['state']} {r.get('progress') or ''}  ({r['run_dir']})")
-        c.print(f"  watch    orch status {inst.name} | orch logs {inst.name} -f | orch monitor {inst.name}")
+        out(f"  run      {r['model']} {r['state']} {r.get('progress') or ''}  ({r['run_dir']})")
+        out(f"  watch    orch status {inst.name} | orch logs {inst.name} -f | orch monitor {inst.name}")
 
 
 @app.command()
@@ -164,43 +158,64 @@ def status(
 
         fleet.show(all_, as_json)
         return
+    from orchestrator import watchdog
     from orchestrator.views import iso, model_dict
 
-    orch = _orch()
+    orch = open_orch()
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
         raise UsageError(f"no instance named {name!r}")
-    from orchestrator import reaper
-
-    inst = reaper.observe(orch, inst)  # Orch.refresh, plus what the instance's watchdog did
+    inst = orch.refresh(inst)
+    if inst.state == "ready":
+        try:
+            watchdog.learn(orch, inst, watchdog.read_state(orch, inst))
+        except SSHError:
+            pass  # unreachable: reported below where the run is read
     data = model_dict(inst)
     run = orch.ledger.latest_run(inst.id)
     if run is not None:
         data["run"] = _run_view(orch, inst, run)
+    events = orch.ledger.events(inst.id)
     data["events"] = [{"at": iso(e.at), "from": e.from_state, "to": e.to_state,
-                       "reason": e.reason, "actor": e.actor} for e in orch.ledger.events(inst.id)]
+                       "reason": e.reason, "actor": e.actor} for e in events]
+    since = next((e.at for e in reversed(events) if e.to_state == inst.state and e.from_state != e.to_state), None)
+    data["state_since"] = iso(since)
     if as_json:
-        _emit_json(data)
+        emit_json(data)
         return
-    c = _console()
-    c.print(f"[bold]{inst.name}[/] ({inst.id}) on {inst.provider} {inst.provider_id or ''}: [bold]{inst.state}[/]")
+    out(f"{inst.name} ({inst.id}) on {inst.provider} {inst.provider_id or ''}: {inst.state} since {data['state_since']}")
+    hint = _STATE_HINTS.get(inst.state)
+    if hint:
+        out(f"  {hint.format(name=inst.name)}")
     for key in ("gpu_name", "device", "ssh", "price_hr", "stopped_price_hr", "disk_gb"):
         if data.get(key) not in (None, ""):
-            c.print(f"  {key:<17}{data[key]}")
+            out(f"  {key:<17}{clean(data[key])}")
     if run is not None:
         r = data["run"]
-        c.print(f"  run              {r['model']} {r.get('progress') or r['state']}")
-        c.print(f"  run_dir          {r['run_dir']}")
+        out(f"  run              {clean(r['model'])} {clean(r.get('progress') or r['state'])}")
+        out(f"  run_dir          {clean(r['run_dir'])}")
         if r.get("error"):
-            c.print(f"  error            {r['error']}")
+            out(f"  error            {clean(r['error'])}")
+        for problem in r.get("problems") or []:
+            out(f"  warning          {clean(problem)}")
     for e in data["events"][-6:]:
-        c.print(f"  {e['at']}  {e['from'] or '-':>12} -> {e['to']:<12} {e['actor']:<8} {e['reason']}")
+        out(f"  {e['at']}  {e['from'] or '-':>12} -> {e['to']:<12} {e['actor']:<8} {clean(e['reason'], 400)}")
+
+
+_STATE_HINTS = {
+    "scheduling": "waits at its provider for its host to free a GPU (disk billing); `orch stop {name}` gives up",
+    "unattended": "RUNNING and BILLING, though orch neither started nor prepared it: `orch start {name}` makes it "
+                  "ready, `orch stop {name}` or `orch down {name}` ends it (the reaper stops it once idle)",
+    "broken": "its container exited or its host dropped, and it may bill: `orch down {name}` (the reaper destroys "
+              "it after pulling what it can)",
+    "preempted": "stopped or ended by its provider's spot market: `orch start {name}` or `orch down {name}`",
+    "starting": "being started by an orch command; if none runs any more, `orch reconcile` settles it",
+}
 
 
 def _run_view(orch, inst, run) -> dict:
     """The run from status.json when the instance is up (pulling new milestones), else the ledger's."""
     from orchestrator import training
-    from orchestrator.errors import HostKeyMismatch, SSHError
     from orchestrator.views import run_dict
 
     if inst.state != "ready" or not run.run_dir:
@@ -209,33 +224,32 @@ def _run_view(orch, inst, run) -> dict:
         view = training.read(orch, inst, run)
         got, where = training.pull(orch, inst, run, view=view, only_milestones=True)
         if got:
-            _say(f"pulled {', '.join(got)} to {where}")
-    except HostKeyMismatch:
-        raise  # possible interception: a refusal, never a mere warning
+            say(f"pulled {', '.join(got)} to {where}")
     except SSHError as e:
-        _say(f"orch: warning: could not read the run on {inst.name}: {e}")
+        say(f"orch: warning: could not read the run on {inst.name}: {e}")
         return run_dict(run)
     return run_dict(orch.ledger.update_run(run.id), view)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
-    """Open a shell on the instance, or run ``orch ssh NAME -- CMD ...``."""
+    """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
     from orchestrator import config, remote
 
-    orch = _orch()
+    orch = open_orch()
     inst = orch.instance(name)
     if not inst.ssh_host or not inst.host_key:
         raise UsageError(f"{name} has no SSH endpoint yet ({inst.state})")
+    user = remote.check_user(inst.ssh_user or "root")
     known = orch.home / "known_hosts"
     known.write_text(f"{remote.host_id(inst.ssh_host, inst.ssh_port)} {inst.host_key}\n")
     os.chmod(known, 0o600)
     key, _ = config.ssh_key()
     argv = ["ssh", "-i", str(key), "-p", str(inst.ssh_port), "-o", f"UserKnownHostsFile={known}",
             "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-            f"{inst.ssh_user or 'root'}@{inst.ssh_host}"]
+            "-l", user, "--", inst.ssh_host]
     if command:
-        argv += ["--", *command]
+        argv += command
     sys.stdout.flush()
     os.execvp("ssh", argv)
 
@@ -243,29 +257,45 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
 @app.command()
 def stop(name: str):
     """Stop the instance: compute stops billing, the disk is kept (and may still bill)."""
-    orch = _orch()
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    orch = open_orch()
     inst = orch.stop(orch.instance(name))
-    _console().print(f"{inst.name}: {inst.state} (disk kept, ${inst.stopped_price_hr:.4f}/hr while stopped)")
+    out(f"{inst.name}: {inst.state} (disk kept, ${inst.stopped_price_hr:.4f}/hr while stopped)")
 
 
 @app.command()
-def start(name: str):
-    """Start a stopped instance on the same disk."""
-    orch = _orch()
-    inst = orch.start(orch.instance(name))
-    _console().print(f"{inst.name}: {inst.state} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
+def start(name: str,
+          timeout: Optional[float] = typer.Option(None, help="Minutes to wait for the provider to give the GPU "
+                                                           "back (default 5); then it is stopped again.")):
+    """Start a stopped instance on the same disk, and make it ready again (provision, verify, watchdog)."""
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    if timeout is not None and not 0 < timeout <= 24 * 60:
+        raise UsageError(f"--timeout must be minutes above 0 and at most 1440, not {timeout}")
+    orch = open_orch()
+    inst = orch.start(orch.instance(name), timeout=timeout * 60 if timeout is not None else None)
+    out(f"{inst.name}: {inst.state} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
 
 @app.command()
 def down(name: str, no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
     """Pull the weights, then destroy the instance and everything on it; billing ends."""
-    orch = _orch()
+    from orchestrator import claims
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    orch = open_orch()
     inst = orch.instance(name)
-    run = orch.ledger.latest_run(inst.id)
-    if run is not None and run.run_dir and not no_pull:
-        _pull_or_refuse(orch, inst, run)
-    inst = orch.down(inst)
-    _console().print(f"{inst.name}: {inst.state}")
+    with claims.hold(orch.ledger, inst.name):  # nobody else pulls or moves it between the pull and the destroy
+        inst = orch.ledger.get(inst.id)
+        run = orch.ledger.latest_run(inst.id)
+        if run is not None and run.run_dir and not no_pull:
+            _pull_or_refuse(orch, inst, run)
+        inst = orch.down(inst)
+    out(f"{inst.name}: {inst.state}")
 
 
 def _pull_or_refuse(orch, inst, run) -> None:
@@ -281,7 +311,7 @@ def _pull_or_refuse(orch, inst, run) -> None:
     except OrchError as e:
         raise OrchError(f"could not pull the weights of {inst.name} ({e}); not destroying it. "
                         f"Use --no-pull to destroy anyway") from None
-    _say(f"pulled {len(got)} new file(s) to {where}")
+    say(f"pulled {len(got)} new file(s) to {where}")
 
 
 @app.command()
@@ -290,41 +320,58 @@ def pull(name: str, dest: Optional[str] = typer.Option(None, help="Where to put 
     from pathlib import Path
 
     from orchestrator import training
+    from orchestrator.lifecycle import check_name
 
-    orch = _orch()
+    check_name(name)
+    orch = open_orch()
     inst = orch.instance(name)
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
         raise UsageError(f"{name} has no training run")
-    got, where = training.pull(orch, inst, run, dest=Path(dest) if dest else None)
-    _console().print(f"{len(got)} file(s) pulled to {where}" + (f": {', '.join(got)}" if got else " (all up to date)"))
+    got, where = training.pull(orch, inst, run, dest=Path(dest).expanduser() if dest else None)
+    out(f"{len(got)} file(s) pulled to {where}" + (f": {', '.join(got)}" if got else " (all up to date)"))
 
 
 @app.command()
 def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
          lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end.")):
     """Tail the training's train.log on the instance."""
-    from playbooks import train
+    import shlex
 
-    orch = _orch()
+    from orchestrator.lifecycle import check_name
+    from playbooks import host, train
+
+    check_name(name)
+    if not 1 <= lines <= 100_000:
+        raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
+    orch = open_orch()
     inst = orch.instance(name)
     with orch.connect(inst) as c:
-        log = train.workdir(c) + "/train.log"
+        log = host.workdir(c) + "/train.log"
         if not follow:
-            sys.stdout.write(train.tail_log(c, lines))
+            sys.stdout.write(_printable(train.tail_log(c, lines)))
             return
         # tail -F ends with the connection; Ctrl-C leaves the training untouched.
-        c.run(f"tail -n {int(lines)} -F {log}", hide=False, warn=True, pty=False)
+        c.run(f"tail -n {int(lines)} -F {shlex.quote(log)}", hide=False, warn=True, pty=False)
+
+
+def _printable(text: str) -> str:
+    """A log from the instance, without the terminal escapes it may hold (its lines kept)."""
+    return "".join((clean(line, 100_000) or "") + "\n" for line in text.splitlines())
 
 
 @app.command()
 def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next free one if taken).")):
-    """Forward ``libreyolo monitor`` on the instance to 127.0.0.1 on this machine."""
+    """Forward libreyolo monitor on the instance to 127.0.0.1 on this machine."""
     import time
 
+    from orchestrator.lifecycle import check_name
     from playbooks import train
 
-    orch = _orch()
+    check_name(name)
+    if not 1024 <= port <= 65535:
+        raise UsageError(f"--port must be between 1024 and 65535, not {port}")
+    orch = open_orch()
     inst = orch.instance(name)
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
@@ -345,7 +392,7 @@ def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next
 def _free_local_port(start: int) -> int:
     import socket
 
-    for p in range(start, start + 20):
+    for p in range(start, min(start + 20, 65536)):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", p))
@@ -353,97 +400,3 @@ def _free_local_port(start: int) -> int:
             except OSError:
                 continue
     raise OrchError(f"no free local port in {start}-{start + 19}")
-
-
-@data_app.command("push")
-def data_push(folder: str = typer.Argument(..., help="A YOLO dataset folder with data.yaml."),
-              repo: str = typer.Argument(..., help="The Hugging Face dataset repo, ORG/REPO.")):
-    """Pack a dataset as one tar and upload it to a Hugging Face dataset repo (HF_TOKEN from the environment)."""
-    from pathlib import Path
-
-    from orchestrator import hub
-
-    uri = hub.push_dataset(Path(folder).expanduser(), repo, token=os.environ.get("HF_TOKEN"))
-    _console().print(f"pushed: train from it with `orch up NAME --data {uri}`")
-    print(uri)
-
-
-@app.command()
-def demo(epochs: int = typer.Option(3, help="Epochs of the tiny CPU training."),
-         keep: bool = typer.Option(False, "--keep", help="Leave the instance up instead of destroying it.")):
-    """The whole job on this machine: synthetic data, a local instance, a real CPU training, weights home."""
-    import secrets
-    import time
-
-    from orchestrator import dataset, training
-    from orchestrator.provider import Request
-
-    orch = _orch()
-    t0 = time.monotonic()
-    data = dataset.synth(orch.home / "demo" / "data", n_train=16, n_val=8, imgsz=64)
-    _say(f"demo dataset: {data} (synthetic, 24 images, 2 classes)")
-    spec = training.prepare(training.TrainSpec(data=str(data), model="yolo9-t", epochs=epochs, imgsz=64, batch=4,
-                                               train_args={"workers": "0"}), orch.home, _say)
-    name = f"demo-{secrets.token_hex(2)}"
-    holder = {}
-    inst = orch.up(name, "local", Request(name=name, cpu=True, disk_gb=training.disk_for(spec)[0]),
-                   after_verify=lambda i: holder.update(run=training.launch(orch, i, spec)))
-    run = holder["run"]
-    view = training.follow(orch, inst, run)
-    got, where = training.pull(orch, inst, run, view=view)
-    if not keep:
-        inst = orch.down(inst, "demo finished")
-    c = _console()
-    c.print(f"[bold]demo {view['state']}[/] in {time.monotonic() - t0:.0f} s: {inst.name} on local is {inst.state}")
-    c.print(f"  trained  yolo9-t, {view.get('completed_epochs') or view.get('epoch')}/{view['epochs']} epochs on the CPU, "
-            f"final loss {view['loss']:.4f}" if view.get("loss") is not None else "  trained  -")
-    c.print(f"  weights  {where / 'weights' / 'best.pt'}")
-    c.print(f"  ledger   orch status {inst.name}")
-    if view["state"] != "completed":
-        raise OrchError(f"the demo training ended {view['state']}: see {where / 'train.log'}")
-
-
-@db_app.command("upgrade")
-def db_upgrade():
-    """Apply the ledger's migrations (also done automatically on first use)."""
-    from orchestrator import config
-    from orchestrator.ledger import Ledger, database_url
-
-    ledger = Ledger(os.environ.get("ORCH_DATABASE_URL") or config.get("database_url")
-                    or database_url(config.home()), upgrade=False)
-    ledger.upgrade()
-    _console().print(f"ledger at revision {ledger.revision()}")
-
-
-# Commands that live beside the features they drive (each imports its heavy parts lazily).
-from orchestrator import cli_ops  # noqa: E402,F401  reap, reaper, cost, protect, unprotect
-from orchestrator import cli_offers  # noqa: E402,F401  offers, trial
-from orchestrator import cli_reconcile  # noqa: E402,F401  reconcile
-
-
-def _one_line(text: str) -> str:
-    """An error as one line: a newline or a control character from the user's input is shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
-
-
-def main() -> None:
-    try:
-        app(standalone_mode=False)
-    except OrchError as e:
-        print(f"orch: error: {_one_line(str(e))}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("orch: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as e:  # usage errors and our bugs alike get one line
-        if isinstance(e, typer.TyperException):  # Typer's own click: bad option values, unknown options
-            print(f"orch: error: {_one_line(e.format_message().replace(chr(10), ' '))}", file=sys.stderr)
-            sys.exit(e.exit_code)
-        if isinstance(e, typer.Abort):
-            sys.exit(1)
-        if os.environ.get("ORCH_DEBUG"):
-            raise
-        print(f"orch: internal error: {type(e).__name__}: {e} (ORCH_DEBUG=1 shows the traceback)", file=sys.stderr)
-        sys.exit(1)

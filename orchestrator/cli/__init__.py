@@ -1,0 +1,2 @@
+"""The ``orch`` command: ``app`` holds the Typer app and the output helpers, one module per group of
+commands registers on it, and ``main`` is the entry point, the only module that imports them all."""

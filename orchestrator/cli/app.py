@@ -1,0 +1,47 @@
+"""The Typer app and what every command module shares: opening orch, saying things, printing JSON.
+
+Imports no command module (each of those imports this one). Heavy modules (SQLAlchemy, Fabric,
+provider SDKs) load inside commands, never here: ``orch --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+app = typer.Typer(help="Rent GPUs, train on them, bring the weights home, never leave a machine billing.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None, add_completion=False,
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def out(text: str) -> None:
+    """One line for the user on stdout, printed as it is: no Rich markup is read in it (text from an
+    instance or a provider may hold brackets), no terminal escapes pass (see ``text.clean``)."""
+    print(text, flush=True)
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def open_orch(actor: str = "cli"):
+    from orchestrator.lifecycle import Orch
+
+    return Orch.open(actor=actor, say=say)
+
+
+def emit_json(data) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def one_line(text: str) -> str:
+    """An error as one line: a newline or a control character from the user's input is shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())

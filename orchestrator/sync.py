@@ -1,0 +1,145 @@
+"""The one way the ledger learns what a provider shows: ``sync(orch, inst, remote)``.
+
+``orch status NAME``, every reaper pass and ``orch reconcile`` call it with what the provider says
+of the instance now (``None``: not listed, and gone when asked). It records every difference as a
+transition with its reason, and nothing else; deciding what to do about it is the reaper's job.
+An instance another orch process holds (its claim, see ``claims``) is that process's business.
+
+What it records, by what the provider shows:
+
+- **gone**: destroyed (when orch was destroying it), preempted (a spot instance the provider
+  ended), destroyed by its own watchdog (armed to destroy), else lost;
+- **running** while the ledger says stopped, preempted or scheduling: *unattended* (it bills and
+  nothing orch prepared runs there); a ready instance whose endpoint moved gets the new one,
+  but a route that answered (Vast.ai's proxy) is kept while the provider still offers it;
+- **stopped** while ready: preempted (spot), stopped by its own watchdog (armed to stop), or
+  stopped at the provider (from inside, or its console);
+- **scheduling**: a start waits for a GPU (or an outbid spot instance for its bid);
+- **broken**: the container exited or the host dropped.
+
+An interrupted ``orch`` (no process holds the claim any more) is settled too: a stop or start
+takes what the provider shows, a destroy is finished, and an instance an ``orch up`` left half-made
+is destroyed once its idle time has passed (``orch up NAME`` resumes it before then).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from orchestrator import claims, policy, states
+from orchestrator.provider import Remote, Status
+
+
+def sync(orch, inst, remote: Remote | None):
+    """Bring one ledger row in line with ``remote`` (None: the provider does not have it)."""
+    if inst.state not in states.LIVE or inst.state == states.REQUESTED:
+        return inst  # a request in flight is settled by reconcile.settle_requested
+    if claims.busy(orch.ledger, inst.name):
+        return inst
+    status = Status.GONE if remote is None else remote.status
+    s = inst.state
+    move = orch.move
+    what = f" ({remote.detail})" if remote is not None and remote.detail else ""
+
+    if status == Status.GONE:
+        if s == states.DESTROYING:
+            return move(inst, states.DESTROYED, "confirmed gone at the provider")
+        if s == states.PREEMPTED:
+            return inst  # a preempted spot instance its provider has since ended: nothing bills
+        if remote is not None and remote.preempted:
+            return move(inst, states.PREEMPTED, f"ended by {inst.provider}'s spot market{what}")
+        armed = _armed(orch, inst)
+        if armed and "destroy" in armed["commands"] and armed["idle_action"] == "destroy":
+            from orchestrator.watchdog import ACTOR
+
+            orch.ledger.transition(inst.id, states.DESTROYING, actor=ACTOR, expect=s,
+                                   reason=f"gone at the provider: its watchdog destroys it ({_rule(armed)})")
+            return orch.ledger.transition(inst.id, states.DESTROYED, actor=ACTOR,
+                                          reason="confirmed gone at the provider")
+        return move(inst, states.LOST, "gone at the provider without orch destroying it")
+
+    if s == states.DESTROYING:
+        return orch.down(inst, "finishing a destroy that an interrupted orch had begun")
+    if s == states.PROVISIONING:
+        return _abandoned(orch, inst)
+
+    if status == Status.RUNNING:
+        if s in (states.STOPPED, states.PREEMPTED, states.SCHEDULING):
+            return move(inst, states.UNATTENDED, f"running at the provider though the ledger said {s}: it bills, "
+                                                 "and nothing orch prepared runs there", **_route(inst, remote))
+        if s == states.STARTING:
+            return move(inst, states.UNATTENDED, "the interrupted start left it running, not prepared",
+                        **_route(inst, remote))
+        if s == states.STOPPING:
+            return move(inst, states.READY, "the interrupted stop left it running", **_route(inst, remote))
+        if s == states.BROKEN:
+            return move(inst, states.READY, f"running again at the provider{what}", **_route(inst, remote))
+        fields = _route(inst, remote)
+        return orch.ledger.update(inst.id, **fields) if fields else inst
+
+    if status == Status.STOPPED:
+        if s in (states.READY, states.UNATTENDED, states.BROKEN):
+            if inst.spot and (remote.preempted or s == states.READY):
+                return move(inst, states.PREEMPTED, f"spot instance stopped by the provider (preempted){what}")
+            armed = _armed(orch, inst) if s == states.READY else None
+            if armed and "stop" in armed["commands"]:
+                from orchestrator.watchdog import ACTOR
+
+                return orch.ledger.transition(inst.id, states.STOPPED, actor=ACTOR, expect=s, reason=(
+                    f"stopped from inside while its watchdog was armed ({_rule(armed)} -> {armed['idle_action']}); "
+                    "its state file says why once it is back"))
+            return move(inst, states.STOPPED, "stopped at the provider (from inside or its console)")
+        if s in (states.STOPPING, states.STARTING, states.SCHEDULING):
+            verb = {states.STOPPING: "stop", states.STARTING: "start"}.get(s)
+            return move(inst, states.STOPPED, "stopped at the provider" + (
+                f" (the interrupted {verb} left it so)" if verb else ""))
+        return inst
+
+    if status == Status.SCHEDULING:
+        if s in (states.READY, states.UNATTENDED) and inst.spot:
+            return move(inst, states.PREEMPTED, f"outbid: waits at the provider for its bid to win again{what}")
+        if s in (states.STOPPED, states.STARTING, states.READY, states.UNATTENDED, states.PREEMPTED, states.STOPPING):
+            return move(inst, states.SCHEDULING, f"a start waits at the provider for its host to free a GPU{what}")
+        return inst
+
+    if status == Status.BROKEN and s != states.BROKEN:
+        return move(inst, states.BROKEN, f"broken at the provider{what}: it will not run again by itself, "
+                                         "and it may still bill")
+    return inst  # pending: still moving at the provider; the next look sees where it lands
+
+
+def _route(inst, remote: Remote) -> dict:
+    """The endpoint to record: the ledger's own while the provider still offers it (it answered),
+    else the provider's preferred one."""
+    if not remote.routes:
+        return {}
+    if any((r.host, r.port) == (inst.ssh_host, inst.ssh_port) for r in remote.routes):
+        return {}
+    ep = remote.endpoint or remote.routes[0]
+    return {"ssh_host": ep.host, "ssh_port": ep.port, "ssh_user": ep.user}
+
+
+def _armed(orch, inst) -> dict | None:
+    from orchestrator.watchdog import armed_now
+
+    return armed_now(orch, inst)
+
+
+def _rule(armed: dict) -> str:
+    return f"idle {armed['idle_minutes']:g} min" + (f" or max {armed['max_hours']:g} h" if armed["max_hours"] else "")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _abandoned(orch, inst):
+    """Left half-made by an interrupted ``orch up`` (nobody holds its claim): destroyed once its idle
+    time has passed, never left billing; until then ``orch up NAME`` can resume it."""
+    grace_min = policy.of(inst).idle_minutes
+    updated = inst.updated_at if inst.updated_at.tzinfo else inst.updated_at.replace(tzinfo=timezone.utc)
+    age_min = (_now() - updated).total_seconds() / 60
+    if inst.protected or age_min < grace_min:
+        return inst
+    return orch.down(inst, f"left half-made by an interrupted `orch up` {age_min:.0f} min ago and never verified: "
+                           "destroyed so it does not keep billing")

@@ -1,0 +1,19 @@
+"""Text that came from somewhere orch does not trust (an instance's status.json, a provider's answer)
+made safe to print: no terminal escapes, no control characters, bounded length. Rich markup in it is
+escaped where it is printed through Rich (``cli.app.out``)."""
+
+from __future__ import annotations
+
+import re
+
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def clean(value, limit: int = 300) -> str | None:
+    """``value`` as one printable line of at most ``limit`` characters; None stays None."""
+    if value is None:
+        return None
+    text = _ANSI.sub("", value if isinstance(value, str) else str(value))
+    text = "".join(c if c.isprintable() else " " for c in text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,172 @@
+"""The controller's side of the on-instance watchdog (``playbooks/on_instance/watchdog.py``): its
+config, arming it (``orch up``, ``orch start``, a reaper pass that finds it dead), and learning
+what it did. What orch remembers of it lives in the instance's ledger memory:
+
+- ``watchdog``: the summary of the last arm (when, the rule, which self-stop commands it has);
+- ``watchdog_seen``: the last action of its already recorded as an event (recorded once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from orchestrator import policy as policies
+from orchestrator import rules
+from orchestrator.errors import OrchError, SSHError
+
+ACTOR = "watchdog"
+INTERVAL_S = 5.0
+
+
+def enabled() -> bool:
+    """ORCH_WATCHDOG=off leaves the controller's reaper alone on duty (benchmarks, debugging)."""
+    return os.environ.get("ORCH_WATCHDOG", "on").lower() not in ("0", "off", "no", "false")
+
+
+def self_stop_commands(provider, inst) -> dict[str, str]:
+    """The shell commands with which the instance stops / destroys itself, as its provider gives them."""
+    caps = provider.capabilities_for(inst.spot)
+    commands = {}
+    for verb, can in (("stop", caps.self_stop and caps.stop), ("destroy", caps.self_destroy)):
+        command = provider.self_stop_command(inst.provider_id, destroy=verb == "destroy") if can else None
+        if command:
+            commands[verb] = command
+    return commands
+
+
+def history(orch, inst, run=None) -> rules.Facts:
+    """The rules' facts for ``inst``, from the ledger."""
+    try:
+        can_stop = orch.provider(inst.provider).capabilities_for(inst.spot).stop
+    except OrchError:
+        can_stop = False
+    return rules.facts(inst, orch.ledger.events(inst.id), orch.ledger.first_run(inst.id),
+                       run if run is not None else orch.ledger.latest_run(inst.id), can_stop,
+                       datetime.now(timezone.utc))
+
+
+def config(orch, inst, work: str, commands: dict[str, str]) -> dict[str, Any]:
+    pol = policies.of(inst)
+    f = history(orch, inst)
+    be = rules.break_even_hours(f.rebuild_cost, inst.stopped_price_hr)
+    action, why = rules.idle_action(pol, "stop" in commands, be, inst.provider, can_destroy="destroy" in commands)
+    return {"name": inst.name, "instance": inst.id, "work": work, "interval": INTERVAL_S,
+            "idle_minutes": pol.idle_minutes, "max_hours": pol.max_hours,
+            "first_ready_at": f.first_ready_at.timestamp() if f.first_ready_at else time.time(),
+            "idle_action": action, "deadline_action": action, "why": why, "protected": bool(inst.protected),
+            "gpu": not inst.cpu_only, "commands": commands}
+
+
+def arm(orch, inst) -> bool:
+    """Start the watchdog on a ready instance, or hand a running one its new config (it re-reads
+    it every check). Never raises: an instance without a watchdog still has the controller's reaper."""
+    if not enabled():
+        return False
+    from orchestrator import remote
+    from playbooks import host
+
+    try:
+        commands = self_stop_commands(orch.provider(inst.provider), inst)
+        with orch.connect(inst) as c:
+            work = host.workdir(c)
+            script = host.upload(c, "watchdog.py")
+            cfg = config(orch, inst, work, commands)
+            path = remote.put_text(c, json.dumps(cfg, indent=1), f"{work}/watchdog-config.json", 0o600)
+            host.detach(c, [host.python(c), script, "run", path], f"{work}/watchdog.log", cwd=work)
+    except Exception as e:  # noqa: BLE001 - reported; up must not fail for want of a watchdog
+        why = _why(e)
+        orch.say(f"      watchdog not started on {inst.name} ({why}); `orch reap` still applies its policy")
+        orch.ledger.note(inst.id, f"watchdog not started: {why}", orch.actor)
+        return False
+    summary = {"armed_at": datetime.now(timezone.utc).isoformat(), "idle_action": cfg["idle_action"],
+               "idle_minutes": cfg["idle_minutes"], "max_hours": cfg["max_hours"], "commands": sorted(commands),
+               "protected": cfg["protected"]}
+    orch.ledger.remember(inst.id, watchdog=summary)
+    deadline = f" or past {cfg['max_hours']:g} h" if cfg["max_hours"] else ""
+    orch.say(f"      watchdog: idle {cfg['idle_minutes']:g} min{deadline} -> {cfg['idle_action']}"
+             + (" (protected: report only)" if cfg["protected"] else ""))
+    if not commands:
+        orch.ledger.note(inst.id, f"watchdog armed, report only: {inst.provider} gives no self-stop", orch.actor)
+    return True
+
+
+def armed_now(orch, inst) -> dict | None:
+    """The watchdog record, if it was armed during the instance's current ready period."""
+    armed = orch.ledger.recall(inst.id, "watchdog")
+    if not isinstance(armed, dict) or "armed_at" not in armed:
+        return None
+    ready_since = history(orch, inst).ready_since
+    at = rules.utc(datetime.fromisoformat(armed["armed_at"]))
+    return armed if ready_since is None or at >= ready_since - timedelta(seconds=5) else None
+
+
+def learn(orch, inst, state: dict | None) -> None:
+    """Record in the ledger what the watchdog did (once per action): the next read after it acted."""
+    action = state.get("action") if isinstance(state, dict) else None
+    if not isinstance(action, dict) or action.get("what") not in ("stop", "destroy"):
+        return
+    try:
+        at = float(action.get("at") or 0)
+    except (TypeError, ValueError):
+        return
+    since = history(orch, inst).ready_since
+    since = since.timestamp() if since else 0
+    if action.get("rc") is None and not action.get("error") and at >= since and time.time() - at < 60:
+        return  # still in flight in this ready period: its outcome comes with the next look
+    seen = f"{at}:{action.get('rc')}:{bool(action.get('error'))}"
+    if orch.ledger.recall(inst.id, "watchdog_seen") == seen:
+        return
+    from orchestrator.text import clean
+
+    when = rules.hm(datetime.fromtimestamp(at, timezone.utc)) if at else "?"
+    reason = clean(action.get("reason"), 200)
+    if action.get("error"):
+        text = f"watchdog tried to {action['what']} it at {when} ({reason}) and failed: {clean(action['error'], 200)}"
+    elif action.get("rc") is None:
+        text = f"watchdog had run its self-{action['what']} at {when}: {reason}"
+    else:
+        text = f"watchdog ran its self-{action['what']} at {when} (exit {clean(action.get('rc'), 10)}): {reason}"
+    orch.ledger.note(inst.id, text, ACTOR)
+    orch.ledger.remember(inst.id, watchdog_seen=seen)
+
+
+def read_state(orch, inst) -> dict | None:
+    """The watchdog's state file (it survives a stop, on the volume)."""
+    from playbooks import host
+
+    with orch.connect(inst) as c:
+        try:
+            with c.sftp().open(f"{host.workdir(c)}/watchdog.json") as f:
+                data = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def rearm(orch, inst) -> bool:
+    """After a start: learn what the last watchdog did (its state file survives the stop), then
+    start a fresh one, which begins a new state file."""
+    try:
+        learn(orch, inst, read_state(orch, inst))
+    except SSHError:
+        pass  # unreachable for now: the watchdog armed below reports, the next look learns
+    return arm(orch, inst)
+
+
+def mark_pulled(orch, inst) -> None:
+    """Tell the watchdog the weights are home (it destroys only after that)."""
+    from orchestrator import remote
+    from playbooks import host
+
+    with orch.connect(inst) as c:
+        remote.put_text(c, json.dumps({"pulled_at": datetime.now(timezone.utc).isoformat()}),
+                        f"{host.workdir(c)}/pulled.json")
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

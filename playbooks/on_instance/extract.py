@@ -1,0 +1,74 @@
+"""Unpack a dataset tar safely under a folder and point its data.yaml there (standard library only).
+
+    python extract.py TAR DEST [MAX_BYTES MAX_MEMBERS]   ->   ORCH_RESULT {"data_yaml": ...}
+
+It takes what orch packs and a tar made by hand as the seed shows (``tar cf my-dataset.tar
+my-dataset/``): directory entries, "./" prefixes, and a data.yaml in block YAML, whose top-level
+``path:`` line is replaced rather than parsed. The tar is opened as a plain tar (``r:``), never
+decompressed on the fly: a small compressed file named .tar must not become gigabytes here. Only
+regular files and folders, inside one top folder, within the size and count limits, are taken.
+"""
+import json
+import os
+import re
+import sys
+import tarfile
+from pathlib import Path
+
+
+def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
+    dest = Path(dest).expanduser().resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        tar = tarfile.open(tar_path, mode="r:")  # plain tar only: no gzip/bz2/xz expanding here
+    except tarfile.ReadError as e:
+        raise SystemExit(f"{tar_path} is not a plain tar ({e}): pack it with `tar cf`, uncompressed")
+    with tar:
+        members, tops, total = [], set(), 0
+        for m in tar:
+            members.append(m)
+            if max_members is not None and len(members) > max_members:
+                raise SystemExit(f"{tar_path} holds more than {max_members} members: refusing")
+            parts = [p for p in m.name.split("/") if p not in ("", ".")]
+            if m.name.startswith("/") or "\\" in m.name or ".." in parts or not (m.isfile() or m.isdir()):
+                raise SystemExit(f"refusing unsafe member {m.name!r} in {tar_path}")
+            total += m.size if m.isfile() else 0
+            if max_bytes is not None and total > max_bytes:
+                raise SystemExit(f"{tar_path} unpacks to more than {max_bytes} bytes: refusing")
+            if parts:
+                tops.add(parts[0])
+        if len(tops) != 1:
+            raise SystemExit(f"{tar_path} must hold one top folder, found {sorted(tops)}")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:  # a Python without PEP 706 filters: the checks above are the filter
+            tar.extractall(dest, members=members)
+    root = dest / tops.pop()
+    found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
+    found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
+    if len(found) != 1:
+        raise SystemExit(f"{tar_path}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
+    data_yaml = found[0]
+    text = data_yaml.read_text()
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = None
+    if isinstance(config, dict):  # what orch packs
+        config.pop("path", None)
+        text = json.dumps({"path": str(root), **config}, indent=2) + "\n"
+    else:
+        kept = [line for line in text.splitlines() if not re.match(r"path\s*:", line)]
+        text = "\n".join([f"path: {json.dumps(str(root))}", *kept]) + "\n"
+    tmp = data_yaml.with_name(f".{data_yaml.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, data_yaml)
+    return str(data_yaml)
+
+
+def limits(argv):
+    return (int(argv[0]), int(argv[1])) if len(argv) >= 2 else (None, None)
+
+
+if __name__ == "__main__":
+    print("ORCH_RESULT " + json.dumps({"data_yaml": orch_extract(sys.argv[1], sys.argv[2], *limits(sys.argv[3:]))}))

@@ -1,0 +1,91 @@
+"""Commands on an instance run through its account's login shell, as sshd runs them; a detached
+launch returns at once in every shell and outlives the SSH session. Tried on fake cloud hosts
+(containers whose root logs in to bash, dash or zsh) and on the local provider."""
+
+import getpass
+import pwd
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from orchestrator import remote
+from playbooks import host as on_host
+from tests.conftest import run_orch
+from tests.fakes.hosts import Host, sshd_available
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="fake hosts need root, unshare and sshd")
+SHELLS = ["/bin/bash", "/bin/dash", "/usr/bin/zsh"]
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory):
+    path = tmp_path_factory.mktemp("key") / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path, path.with_suffix(".pub").read_text().strip()
+
+
+@pytest.fixture
+def machine(tmp_path, key, request):
+    shell = request.param
+    if not shutil.which(shell):
+        pytest.skip(f"{shell} is not installed here")
+    h = Host(tmp_path / "host", env={"PUBLIC_KEY": key[1]}, login_shell=shell)
+    h.boot()
+    h.login = shell.rsplit("/", 1)[-1]
+    yield h
+    h.destroy()
+
+
+def connect(h, key):
+    return remote.connect(h.address, h.port, "root", key[0], None)
+
+
+def within(seconds, fn):
+    """fn() in a thread: (its result, or None if it did not return in time)."""
+    box = {}
+    t = threading.Thread(target=lambda: box.update(value=fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    return box.get("value")
+
+
+@pytest.mark.parametrize("machine", SHELLS, indirect=True)
+def test_commands_run_through_the_login_shell(machine, key):
+    with connect(machine, key) as c:
+        assert remote.run(c, "ps -o comm= -p $$; :").strip() == machine.login  # ": " keeps the shell from exec-ing ps
+
+
+@pytest.mark.parametrize("machine", SHELLS, indirect=True)
+def test_a_detached_launch_returns_at_once_and_outlives_the_session(machine, key):
+    with connect(machine, key) as c:
+        t0 = time.monotonic()
+        pid = within(20, lambda: on_host.detach(c, ["sleep", "300"], "/tmp/sleep.log", cwd="/tmp"))
+        took = time.monotonic() - t0
+    assert pid is not None, "detach did not return: the SSH channel stayed open"
+    assert took < 5, f"detach took {took:.1f} s"
+    with connect(machine, key) as c:  # a new session, the first one closed
+        assert remote.run(c, f"kill -0 {pid} && echo alive", check=False).strip() == "alive"
+        assert remote.run(c, f"ps -o args= -p {pid}").strip() == "sleep 300"
+
+
+@pytest.mark.parametrize("machine", ["/bin/bash"], indirect=True)
+def test_the_fake_host_reproduces_the_bash_hang_a_cloud_image_has(machine, key):
+    """The shape orch used before: in bash the backgrounded list keeps the channel open. A host
+    that ran commands through /bin/sh (dash) would have hidden this."""
+    with connect(machine, key) as c:
+        hung = within(5, lambda: c.run("cd /tmp && setsid nohup sleep 30 > /dev/null 2>&1 < /dev/null &",
+                                       hide=True, warn=True, in_stream=False))
+    assert hung is None
+
+
+def test_the_local_provider_runs_commands_through_the_login_shell(orch_home):
+    run_orch("up", "sh1", "--cpu", check=0)
+    try:
+        got = run_orch("ssh", "sh1", "--", "ps -o comm= -p $$; :", check=0).stdout.strip()
+        login = pwd.getpwnam(getpass.getuser()).pw_shell.rsplit("/", 1)[-1]
+        assert got == login
+    finally:
+        run_orch("down", "sh1", check=0)
