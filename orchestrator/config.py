@@ -83,8 +83,24 @@ def _check(data: dict, path: Path) -> None:
         if key == "on_idle":
             if value not in ("auto", "stop", "destroy"):
                 raise UsageError(f"{path}: policy.on_idle must be auto, stop or destroy")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise UsageError(f"{path}: policy.{key} must be a number >= 0")
+
+
+def warnings(home_dir: Path | None = None) -> list[str]:
+    """What is too open about orch's home: other users may read what it holds (the ledger says
+    where every machine is; config.toml may hold provider keys)."""
+    home_dir = Path(home_dir) if home_dir is not None else home()
+    found = []
+    try:
+        if home_dir.stat().st_mode & 0o077:
+            found.append(f"{home_dir} is readable by other users (chmod 700 {home_dir})")
+        cfg = home_dir / "config.toml"
+        if cfg.exists() and cfg.stat().st_mode & 0o077 and "api_key" in cfg.read_text(errors="replace"):
+            found.append(f"{cfg} holds an api_key and is readable by other users (chmod 600 {cfg})")
+    except OSError:
+        pass
+    return found
 
 
 def load() -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator import claims, config, states
-from orchestrator.errors import OrchError, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.errors import HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
 from orchestrator.ledger import Instance, Ledger
 from orchestrator.provider import Provider, Remote, Request, Status
 
@@ -70,15 +70,17 @@ class Orch:
     def open(cls, actor: str = "cli", say: Callable[[str], None] | None = None) -> "Orch":
         home = config.home()
         url = config.database_url(home)  # refuses a URL that would lose the ledger before anything is made
+        if home.exists() and not home.is_dir():
+            raise UsageError(f"orch's home {home} is not a folder (ORCH_HOME)")
         try:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
             raise OrchError(f"cannot make orch's home {home}: {e.strerror or e}") from None
-        if not home.is_dir():
-            raise OrchError(f"orch's home {home} is not a folder (ORCH_HOME)")
         orch = cls(Ledger(url), home, actor)
         if say:
             orch.say = say
+        for warning in config.warnings(home):
+            orch.say(f"orch: warning: {warning}")
         return orch
 
     # -- providers ---------------------------------------------------------------------
@@ -193,9 +195,18 @@ class Orch:
                 raise ProviderError(f"creating {inst.label} failed and {provider.name} could not say whether it "
                                     f"was made anyway ({_why(lookup)}): run `orch reconcile` once it answers "
                                     "again") from e
-            if found is not None:
+            if found is not None and found.status in (Status.RUNNING, Status.PENDING):
                 self.say(f"      the create errored ({_why(e)}) but {found.provider_id} exists: using it")
                 return found
+            if found is not None:
+                # A leftover that will not run (a just-taken offer can leave a stopped instance): ours,
+                # and it bills its disk. Never adopted and waited on: destroyed, and the create fails.
+                inst = self.move(inst, states.DESTROYING, f"create failed ({_why(e)}) and left {found.provider_id} "
+                                                          f"{found.status.value}: destroying it",
+                                 provider_id=found.provider_id)
+                provider.destroy(found.provider_id)
+                self.move(inst, states.DESTROYED, "the failed create's leftover, destroyed")
+                raise
             self.move(inst, states.FAILED, f"create failed: {_why(e)}")
             raise
 
@@ -366,6 +377,9 @@ class Orch:
             raise OrchError(f"{why}; and giving it back failed too ({_why(e2)}): it may bill, see `orch status "
                             f"{inst.name}`") from error
         what = "destroyed it" if destroy else f"stopped it again (`orch start {inst.name}` to retry)"
+        if isinstance(error, HostKeyMismatch):
+            what += (f"; its new host key came at a start orch asked for on a provider that keeps keys: refused. "
+                     f"`orch down {inst.name}` if you do not trust it")
         if isinstance(error, KeyboardInterrupt):
             raise error
         raise OrchError(f"{why}; {what} so it does not bill") from error

@@ -95,6 +95,6 @@ def run_dict(run, view: dict | None = None) -> dict[str, Any]:
         from orchestrator.training import progress_line
 
         d.update({k: view.get(k) for k in ("state", "epoch", "epochs", "eta_seconds", "loss", "best_metric",
-                                             "best_metric_name", "error")})
+                                             "best_metric_name", "error", "problems")})
         d["progress"] = progress_line(view)
     return d

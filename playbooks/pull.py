@@ -67,10 +67,10 @@ def destination(dest: Path, rel: str) -> Path:
     """``dest/rel``, refused unless it stays inside ``dest`` through no link."""
     root = dest.resolve()
     target = root / rel
-    if target.resolve().parent != target.parent or not target.parent.resolve().is_relative_to(root):
-        raise OrchError(f"refusing to write {rel!r}: it leads out of {root}")
     if target.is_symlink() or any(p.is_symlink() for p in target.parents if p != root and p.is_relative_to(root)):
         raise OrchError(f"refusing to write {rel!r}: a link is in the way in {root}")
+    if target.resolve().parent != target.parent or not target.parent.resolve().is_relative_to(root):
+        raise OrchError(f"refusing to write {rel!r}: it leads out of {root}")
     return target
 
 

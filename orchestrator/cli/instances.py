@@ -71,6 +71,8 @@ def up(
         _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
     check_request(name, Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
                                 image=image, spot=spot, bid=bid, offer=offer))
+    if provider is not None:
+        plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
     orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
@@ -222,12 +224,15 @@ def _run_view(orch, inst, run) -> dict:
         return run_dict(run)
     try:
         view = training.read(orch, inst, run)
+    except (SSHError, OrchError) as e:
+        say(f"orch: warning: could not read the run on {inst.name}: {e}")
+        return run_dict(run)
+    try:
         got, where = training.pull(orch, inst, run, view=view, only_milestones=True)
         if got:
             say(f"pulled {', '.join(got)} to {where}")
-    except SSHError as e:
-        say(f"orch: warning: could not read the run on {inst.name}: {e}")
-        return run_dict(run)
+    except OrchError as e:
+        say(f"orch: warning: could not pull the milestones of {inst.name}: {e}")
     return run_dict(orch.ledger.update_run(run.id), view)
 
 
@@ -245,7 +250,7 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
     known.write_text(f"{remote.host_id(inst.ssh_host, inst.ssh_port)} {inst.host_key}\n")
     os.chmod(known, 0o600)
     key, _ = config.ssh_key()
-    argv = ["ssh", "-i", str(key), "-p", str(inst.ssh_port), "-o", f"UserKnownHostsFile={known}",
+    argv = ["ssh", "-i", str(key), "-p", str(inst.ssh_port), "-o", f"UserKnownHostsFile=\"{known}\"",
             "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
             "-l", user, "--", inst.ssh_host]
     if command:

@@ -39,6 +39,7 @@ import typer
 
 from orchestrator.cli.app import app, emit_json, open_orch, say
 from orchestrator.errors import OrchError, UsageError
+from orchestrator.text import clean
 
 PARTIAL = 3
 GPU_BUSY = 80.0  # % median utilisation
@@ -73,8 +74,14 @@ def offers(
     from orchestrator import offers as o
 
     mode = _mode(spot, on_demand, both)
-    if gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, not {gpus}")
+    if not 1 <= gpus <= 16:
+        raise UsageError(f"--gpus must be between 1 and 16, not {gpus}")
+    for flag, value, top in (("--min-vram", min_vram, 10_000), ("--max-price", max_price, 10_000),
+                             ("--dataset-gb", dataset_gb, 1e6)):
+        if value is not None and not 0 < value <= top:
+            raise UsageError(f"{flag} must be above 0 and at most {top:g}, not {value:g}")
+    if imgsz is not None and not 32 <= imgsz <= 8192:
+        raise UsageError(f"--imgsz must be between 32 and 8192, not {imgsz}")
     job = None
     if epochs is not None:
         job = o.job_for(model, epochs, data=data, dataset_gb=dataset_gb, imgsz=imgsz)
@@ -137,10 +144,10 @@ def _table(answer, mode: str, disk: int, with_job: bool) -> None:
     lines = []
     for r in answer.rows:
         o = r.offer
-        where = o.location or (f"stock {o.stock}" if o.stock else "-")
-        cells = [o.provider, f"{r.gpu} x{o.gpus}", f"{r.vram_gb:g} GB", _money(r.price_hr), _money(r.spot_hr),
+        where = clean(o.location, 40) or (f"stock {clean(o.stock, 20)}" if o.stock else "-")
+        cells = [o.provider, f"{clean(r.gpu, 40)} x{o.gpus}", f"{r.vram_gb:g} GB", _money(r.price_hr), _money(r.spot_hr),
                  _money(o.disk_gb_month, 3), _money(r.stopped_hr), "-" if o.reliability is None else f"{o.reliability:.3f}",
-                 where, o.offer_id]
+                 where, clean(o.offer_id, 60)]
         if with_job:
             e = r.estimate
             cells += ["-" if e is None else f"{e.epoch_seconds:.1f} s", _money(r.hours, 2)]
@@ -183,6 +190,10 @@ def trial(
     if steps is not None and not 2 <= steps <= 10_000:
         raise UsageError(f"--steps must be between 2 and 10000, not {steps}")
     extra = training.parse_train_args(train_arg or [])
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    training.check_spec(training.TrainSpec(data=data, model=model, epochs=epochs or 2, imgsz=imgsz, batch=batch))
     orch = open_orch()
     inst = orch.instance(name)
     if inst.state != "ready":

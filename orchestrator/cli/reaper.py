@@ -50,8 +50,8 @@ def reap(
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
     from orchestrator import reaper
 
-    if interval < 1:
-        raise UsageError(f"--interval must be at least 1 second, not {interval:g}")
+    if not 1 <= interval <= 86400:
+        raise UsageError(f"--interval must be between 1 and 86400 seconds, not {interval:g}")
     orch = open_orch(actor=reaper.ACTOR)
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
