@@ -1,6 +1,6 @@
 """Datasets: check a local YOLO dataset, pack it as one tar, unpack it on the instance, size the disk.
 
-The seed's rule is to stage the dataset once, as a single tar, somewhere every provider reads fast
+The rule from "Training on a rented GPU" (shared/seeds): stage the dataset once, as a single tar, somewhere every provider reads fast
 (a Hugging Face dataset repo), and to size the disk before renting. Everything here runs on the
 controller with the standard library and PyYAML; nothing imports torch. The checks stand alone,
 and ``libreyolo doctor`` adds its own where LibreYOLO happens to be installed.
@@ -428,7 +428,8 @@ def suggest_disk_gb(
     save_period: int | None,
     base_gb: float = 15,
 ) -> tuple[int, str]:
-    """The seed's disk rule: data ×2 (tar + extracted) + checkpoints + environment, plus 30 %, whole GB."""
+    """The disk rule of "Training on a rented GPU": data ×2 (tar + extracted) + checkpoints + environment,
+    plus 30 %, whole GB (a disk bills for what is allocated and cannot shrink later)."""
     data_gb = 2 * data_bytes / GB
     ckpt_mb, read_as = checkpoint_mb(model)
     epochs = _DEFAULT_EPOCHS if epochs is None else epochs

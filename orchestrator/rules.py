@@ -18,7 +18,7 @@ cannot stop gets destroyed). ``auto`` stops when the provider can stop and the b
 least an hour, else destroys. A stopped instance is then destroyed once stopped past its
 break-even, so waiting never costs more than about twice the cheaper choice in hindsight (the
 "rent or buy" rule): coming back within the break-even favours stopping, a longer gap destroying.
-The break-even is the seed's arithmetic: a stopped disk bills ``GB × $/GB-month / 730`` per hour,
+The break-even is the arithmetic of "Training on a rented GPU": a stopped disk bills ``GB × $/GB-month / 730`` per hour,
 against what setting the machine up again costs.
 """
 

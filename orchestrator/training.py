@@ -163,7 +163,7 @@ def train_keys(spec: TrainSpec, data_yaml: str, project: str, name: str, gpus: i
     keys["device"] = "cpu" if cpu else ",".join(str(i) for i in range(gpus))
     if cpu:
         keys["pretrained"] = False  # the CPU demo and offline runs train from scratch
-    keys["seed"] = DEFAULT_SEED  # an unseeded run cannot be repeated: the seed lists it as money lost
+    keys["seed"] = DEFAULT_SEED  # an unseeded run cannot be repeated: a result nobody can reproduce is money lost
     keys.update({k: _value(v) for k, v in spec.train_args.items()})
     if spec.resume:
         keys["model"] = f"{project}/{name}/weights/last.pt"

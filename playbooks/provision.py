@@ -137,7 +137,8 @@ def _pip(c, python: str, args: str) -> None:
 
 @task
 def verify(c, gpu: bool = False) -> dict:
-    """The seed's check: a 2000x2000 matmul on the device, with the device name and the result."""
+    """A real 2000x2000 matmul on the device, with its name and the result: a wheel built for another
+    GPU architecture says CUDA is available and fails on its first real kernel ("no kernel image")."""
     out = host.script(c, "verify_device.py", "gpu" if gpu else "cpu")
     if not out["ok"]:
         if out.get("kind") == "no-kernel-image":

@@ -69,11 +69,12 @@ def _run_on_instance(name: str, *args: str, env: dict | None = None, no_site: bo
     its siblings, by a Python that may lack site-packages (-S: no PyYAML)."""
     import tempfile
 
-    bin_dir = Path(tempfile.mkdtemp(prefix="orch-bin-"))
-    for f in ON_INSTANCE.glob("*.py"):
-        shutil.copy(f, bin_dir / f.name)
-    cmd = [sys.executable, *(["-S"] if no_site else []), str(bin_dir / name), *map(str, args)]
-    return subprocess.run(cmd, text=True, capture_output=True, env=env, timeout=120)
+    with tempfile.TemporaryDirectory(prefix="orch-bin-") as tmp:
+        bin_dir = Path(tmp)
+        for f in ON_INSTANCE.glob("*.py"):
+            shutil.copy(f, bin_dir / f.name)
+        cmd = [sys.executable, *(["-S"] if no_site else []), str(bin_dir / name), *map(str, args)]
+        return subprocess.run(cmd, text=True, capture_output=True, env=env, timeout=120)
 
 
 def _result(out: subprocess.CompletedProcess) -> dict:

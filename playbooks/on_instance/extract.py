@@ -2,7 +2,7 @@
 
     python extract.py TAR DEST [MAX_BYTES MAX_MEMBERS]   ->   ORCH_RESULT {"data_yaml": ...}
 
-It takes what orch packs and a tar made by hand as the seed shows (``tar cf my-dataset.tar
+It takes what orch packs and a tar made by hand as "Training on a rented GPU" shows (``tar cf my-dataset.tar
 my-dataset/``): directory entries, "./" prefixes, and a data.yaml in block YAML, whose top-level
 ``path:`` line is replaced rather than parsed. The tar is opened as a plain tar (``r:``), never
 decompressed on the fly: a small compressed file named .tar must not become gigabytes here. Only

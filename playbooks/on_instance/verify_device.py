@@ -1,4 +1,5 @@
-"""The seed's proof that the device works: a real 2000x2000 matmul, not just is_available()."""
+"""Proof that the device works: a real 2000x2000 matmul, not just is_available() (which a wheel built
+for another GPU architecture passes before failing with "no kernel image is available")."""
 import json
 import sys
 
