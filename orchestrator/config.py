@@ -56,11 +56,12 @@ def _load(path: str) -> dict[str, Any]:
 
 _SECTIONS = {"policy": dict, "providers": dict}
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
-        "database_url": str, "spot_margin": (int, float)}
+        "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float)}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
-_RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10)}
+_RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10),
+           "start_timeout_minutes": (0.05, 24 * 60)}
 
 
 def _check(data: dict, path: Path) -> None:
