@@ -140,12 +140,21 @@ def try_hold(ledger, name: str) -> Iterator[bool]:
 
 
 @contextmanager
-def hold(ledger, name: str) -> Iterator[None]:
-    with try_hold(ledger, name) as got:
-        if not got:
+def hold(ledger, name: str, wait: float = 0.0) -> Iterator[None]:
+    """Hold the claim on ``name``, waiting up to ``wait`` seconds for another process to let go of
+    it; ``Busy`` when it does not."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        with try_hold(ledger, name) as got:
+            if got:
+                yield
+                return
+        if time.monotonic() >= deadline:
             raise Busy(f"{name} is busy: another orch process{_lock(ledger, _key(name)).holder()} is "
                        "working on it; try again when it is done")
-        yield
+        time.sleep(0.2)
 
 
 def busy(ledger, name: str) -> bool:

@@ -357,24 +357,32 @@ def parse_time(value) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+PULL_WAIT_S = 120.0  # how long a full pull waits for another process's (a milestone pull's) claim
+
+
 def pull(orch, inst, run, dest: Path | None = None, view: dict | None = None, only_milestones: bool = False):
     """Bring the run home under the instance's claim (one writer per file); returns (files pulled
-    now, where). A milestone pull that finds another orch process working on the instance skips."""
+    now, where). A milestone pull that finds another orch process working on the instance skips it;
+    a full pull waits for it a while."""
+    target = pulled_dir(orch, inst.name, dest)
+    if only_milestones:
+        with claims.try_hold(orch.ledger, inst.name) as mine:
+            if not mine:
+                return [], target
+            return _pull(orch, inst, run, target, view, True)
+    with claims.hold(orch.ledger, inst.name, wait=PULL_WAIT_S):
+        return _pull(orch, inst, run, target, view, False)
+
+
+def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: bool):
     from playbooks import pull as pulling
     from playbooks import train
 
-    target = pulled_dir(orch, inst.name, dest)
-    with claims.try_hold(orch.ledger, inst.name) as mine:
-        if not mine:
-            if only_milestones:
-                return [], target
-            raise claims.Busy(f"{inst.name} is busy: another orch process is working on it (pulling, maybe); "
-                              "try again when it is done")
-        with orch.connect(inst) as c:
-            if view is None:
-                view = digest(orch, run, train.status(c, run.run_dir, run.pid))
-            files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
-            got = pulling.pull(c, run.run_dir, files, target, log=lambda m: None)
+    with orch.connect(inst) as c:
+        if view is None:
+            view = digest(orch, run, train.status(c, run.run_dir, run.pid))
+        files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
+        got = pulling.pull(c, run.run_dir, files, target, log=lambda m: None, strict=not only_milestones)
     if got or not only_milestones:
         orch.ledger.update_run(run.id, pulled_at=datetime.now(timezone.utc))
     return got, target

@@ -74,8 +74,11 @@ def destination(dest: Path, rel: str) -> Path:
     return target
 
 
-def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print) -> list[str]:
-    """Bring ``files`` home to ``dest``, skipping what is there unchanged; returns what was pulled."""
+def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: bool = True) -> list[str]:
+    """Bring ``files`` home to ``dest``, skipping what is there unchanged; returns what was pulled.
+    ``strict``: a file the instance listed but will not vouch for (no checksum, never matching) is
+    an error: the caller must not destroy. Not strict (a milestone pull while the run goes on): such a
+    file is left for the next look, as one that changed while it was read."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     manifest = _load(dest)
@@ -88,14 +91,20 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print) -> list[s
         for attempt in range(ATTEMPTS):
             theirs = _checked(sums.get(f.rel))
             if theirs is None:
-                raise OrchError(f"{f.rel} on the instance is not a regular file in the run folder: not pulled")
+                problem = f"{f.rel} on the instance is not a regular file in the run folder: not pulled"
+                break
             size, mtime, sha = theirs
             if _fetch(c, f"{run_dir}/{f.rel}", destination(dest, f.rel), size, sha, manifest, dest, f.rel, mtime):
+                problem = None
                 break
-            if attempt == ATTEMPTS - 1:
-                raise OrchError(f"{f.rel} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps "
-                                "changing or the transfer is corrupt; nothing was renamed into place")
+            problem = (f"{f.rel} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps changing "
+                       "or the transfer is corrupt; nothing was renamed into place")
             sums = host.script(c, "checksum.py", run_dir, f.rel)  # it changed while we read it: again
+        if problem:
+            if strict:
+                raise OrchError(problem)
+            log(f"left for the next look: {problem}")
+            continue
         manifest[f.rel] = [size, mtime, sha]
         manifest.pop(f.rel + ".part", None)
         _save(dest, manifest)

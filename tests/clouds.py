@@ -32,7 +32,7 @@ def configure(orch_home: Path, provider: str | None = None, settings: dict | Non
     from orchestrator import config
 
     path = orch_home / "config.toml"
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     data = tomllib.loads(path.read_text()) if path.exists() else {}
     data.update(top)
     if provider:
@@ -41,6 +41,7 @@ def configure(orch_home: Path, provider: str | None = None, settings: dict | Non
     for name, section in data.get("providers", {}).items():
         lines += [f"[providers.{name}]"] + [f"{k} = {json.dumps(v)}" for k, v in section.items()]
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)  # it holds keys: orch warns about a config.toml others can read
     config._load.cache_clear()
 
 

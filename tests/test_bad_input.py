@@ -196,7 +196,7 @@ def configs(draw):
 @EXAMPLES
 @given(text=configs())
 def test_any_config_toml_is_read_or_refused_in_one_line(orch_home, monkeypatch, capsys, text):
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (orch_home / "config.toml").write_text(text)
     code, _, err = orch(monkeypatch, capsys, "status")
     assert "Traceback" not in err and "internal error" not in err, (text, err)
@@ -228,7 +228,7 @@ def wrong_config(key: str, value) -> str:
 @EXAMPLES
 @given(case=wrong_for_up)
 def test_a_wrong_config_creates_nothing(orch_home, monkeypatch, capsys, case):
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (orch_home / "config.toml").write_text(wrong_config(*case))
     code, _, err = orch(monkeypatch, capsys, "up", "cfg", "--cpu")
     refused(code, err)

@@ -12,9 +12,10 @@ from tests.fakes.vast_api import FakeVast
 
 
 def configure(orch_home, provider, settings):
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     lines = [f"[providers.{provider}]"] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
     (orch_home / "config.toml").write_text("\n".join(lines) + "\n")
+    (orch_home / "config.toml").chmod(0o600)
 
 
 @pytest.fixture

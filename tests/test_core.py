@@ -184,7 +184,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(orch_home, args, needl
 
 
 def test_unreadable_config_is_a_clear_error(orch_home):
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (orch_home / "config.toml").write_text("default_provider = [broken\n")
     proc = run_orch("up", "x", "--cpu")
     assert proc.returncode == 2 and "config.toml" in proc.stderr and "Traceback" not in proc.stderr

@@ -34,8 +34,9 @@ def write_config(home, runpod, vast, top: str = "", vast_extra: dict | None = No
                      **({"api_key": vast.key} if vast_key else {}), **(vast_extra or {})}
     lines = [top, "[providers.runpod]"] + [f"{k} = {json.dumps(v)}" for k, v in runpod.settings().items()]
     lines += ["[providers.vastai]"] + [f"{k} = {json.dumps(v)}" for k, v in vast_settings.items()]
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "config.toml").write_text("\n".join(lines) + "\n")
+    (home / "config.toml").chmod(0o600)  # it holds keys
 
 
 def orch_json(*args, check=0):
@@ -186,8 +187,9 @@ def test_providers_are_asked_at_the_same_time(tmp_path, orch_home, monkeypatch):
     DelayedRunPod.delay = DelayedVast.delay = 0.5
     with DelayedRunPod(tmp_path / "runpod") as runpod, DelayedVast(tmp_path) as vast:
         monkeypatch.setenv("RUNPOD_API_BASE_URL", runpod.url)
-        orch_home.mkdir(parents=True, exist_ok=True)
+        orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
         (orch_home / "config.toml").write_text(config_toml(runpod, vast))  # caches nothing
+        (orch_home / "config.toml").chmod(0o600)
         orch = _open()
         query = offers.Query(providers=["runpod", "vastai"])
         offers.search(orch, query)  # imports the SDKs

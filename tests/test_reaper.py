@@ -295,7 +295,7 @@ def _interactive_session(orch_home, inst):
 
 @needs_torch
 def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_watchdog):
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 2.0\nstopped_price_per_hour = 0.1\n")
     run_orch("up", "dl", "--cpu", "--idle-minutes", "600", "--max-hours", "1", "--rebuild-cost", "1.0", check=0)
     orch = reaper_orch()
@@ -436,7 +436,7 @@ def test_reaper_schedule_on_this_machine(orch_home):
 def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
     from orchestrator import schedule
 
-    orch_home.mkdir(parents=True, exist_ok=True)
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     monkeypatch.setenv("VAST_API_KEY", "vast-secret")
     env_file, carried = schedule.write_env(orch_home)
     line = schedule.cron_line(orch_home, 300, env_file)

@@ -275,7 +275,7 @@ def test_a_broken_home_or_ledger_is_one_line(tmp_path, how):
     if how == "home is a file":
         home.write_text("x")
     else:
-        home.mkdir()
+        home.mkdir(mode=0o700)
         db = home / "ledger.db"
         if how == "ledger is a folder":
             db.mkdir()
