@@ -61,10 +61,10 @@ def check(orch, provider_name: str, live: bool, deadline_minutes: float = DEADLI
                                             ("GPUs", caps.gpu)) if not can]
     end = time.monotonic() + deadline_minutes * 60
 
-    def step(name: str, fn) -> bool:
+    def step(name: str, fn, cleanup: bool = False) -> bool:
         t0 = time.monotonic()
         try:
-            if time.monotonic() > end:
+            if time.monotonic() > end and not cleanup:  # a cleanup runs whatever the clock says
                 raise _Deadline(f"the {deadline_minutes:g} min deadline passed before this step")
             detail = fn() or ""
             ok = True
@@ -168,10 +168,22 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         return f"running again at {inst.ssh_host}:{inst.ssh_port}, reached over SSH"
 
     def down():
-        inst = orch.ledger.get(holder["inst"].id)
-        orch.down(inst, "destroyed by `orch check`")
-        if provider.get(inst.provider_id).status.value != "gone":
+        inst = orch.ledger.get(holder["row"])
+        first = None
+        try:
+            orch.down(inst, "destroyed by `orch check`")
+        except Exception as e:  # noqa: BLE001 - a destroy is idempotent: once more before leaving it billing
+            first = e
+            try:
+                orch.down(orch.ledger.get(inst.id), "destroyed by `orch check` (second try)")
+            except Exception as second:  # noqa: BLE001
+                raise OrchError(f"the destroy failed twice ({_why(e)}; then {_why(second)}): it may still bill, "
+                                f"see `orch status {inst.name}`") from None
+        inst = orch.ledger.get(inst.id)
+        if inst.provider_id and provider.get(inst.provider_id).status.value != "gone":
             raise OrchError(f"{provider.name} still shows {inst.provider_id}")
+        if first is not None:
+            raise OrchError(f"the destroy failed ({_why(first)}); a second try destroyed it, confirmed gone")
         return "destroyed, confirmed gone"
 
     try:
@@ -183,7 +195,8 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         inst = orch.ledger.get(holder["inst"].id) if "inst" in holder else (
             orch.ledger.by_name(holder["name"], live_only=False) if "name" in holder else None)
         if inst is not None and inst.state not in states.TERMINAL:
-            step("down", down)
+            holder["row"] = inst.id
+            step("down", down, cleanup=True)
         elif inst is None and "name" in holder:
             report.steps.append(Step("down", True, 0.0, "nothing was rented"))
         if inst is not None:

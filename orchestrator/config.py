@@ -4,6 +4,7 @@ config.toml, all keys optional::
 
     default_provider = "local"
     ssh_timeout_minutes = 20
+    job_unreachable_minutes = 10  # `orch run`: an attempt unreachable this long is lost
 
     [policy]              # defaults for the reaper and the watchdog
     idle_minutes = 10
@@ -16,6 +17,10 @@ config.toml, all keys optional::
 
     [providers.runpod]
     api_key = "..."       # or RUNPOD_API_KEY
+
+    [notify]              # see notify.py
+    webhook_url = "https://..."
+    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job"]
 
 Nothing secret from here is ever written to the ledger or a log.
 """
@@ -54,14 +59,16 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
-_SECTIONS = {"policy": dict, "providers": dict}
+_SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
+NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job")  # what notify.py posts
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
-        "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float)}
+        "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
+        "job_unreachable_minutes": (int, float)}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
 _RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10),
-           "start_timeout_minutes": (0.05, 24 * 60)}
+           "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60)}
 
 
 def _check(data: dict, path: Path) -> None:
@@ -86,6 +93,21 @@ def _check(data: dict, path: Path) -> None:
                 raise UsageError(f"{path}: policy.on_idle must be auto, stop or destroy")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise UsageError(f"{path}: policy.{key} must be a number >= 0")
+    _check_notify(data.get("notify", {}), path)
+
+
+def _check_notify(notify: dict, path: Path) -> None:
+    """The webhook URL is a secret: an error names the setting, never its value."""
+    for key, value in notify.items():
+        if key == "webhook_url":
+            if not isinstance(value, str) or not value.startswith(("https://", "http://")) \
+                    or any(c.isspace() or not c.isprintable() for c in value) or len(value) > 2000:
+                raise UsageError(f"{path}: notify.webhook_url must be an http(s) URL")
+        elif key == "events":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v in NOTIFY_EVENTS for v in value):
+                raise UsageError(f"{path}: notify.events must be a list of {', '.join(NOTIFY_EVENTS)}")
+        else:
+            raise UsageError(f"{path}: unknown notify setting {key!r}")
 
 
 def warnings(home_dir: Path | None = None) -> list[str]:
@@ -97,8 +119,11 @@ def warnings(home_dir: Path | None = None) -> list[str]:
         if home_dir.stat().st_mode & 0o077:
             found.append(f"{home_dir} is readable by other users (chmod 700 {home_dir})")
         cfg = home_dir / "config.toml"
-        if cfg.exists() and cfg.stat().st_mode & 0o077 and "api_key" in cfg.read_text(errors="replace"):
-            found.append(f"{cfg} holds an api_key and is readable by other users (chmod 600 {cfg})")
+        text = cfg.read_text(errors="replace") if cfg.exists() and cfg.stat().st_mode & 0o077 else ""
+        for secret in ("api_key", "webhook_url"):
+            if secret in text:
+                found.append(f"{cfg} holds an {secret} and is readable by other users (chmod 600 {cfg})")
+                break
     except OSError:
         pass
     return found

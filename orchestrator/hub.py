@@ -9,6 +9,7 @@ controller and on the instance alike; the token never goes into a script, an arg
 from __future__ import annotations
 
 import os
+from urllib.parse import quote
 import re
 import tempfile
 from pathlib import Path
@@ -90,7 +91,10 @@ def dataset_size(uri: str) -> int:
     hf = _hf()
     # The same HEAD request a download starts with (hf_hub_download asks it first), so any hub that
     # serves the file answers it.
-    url = hf.hf_hub_url(repo_id, filename, repo_type="dataset", endpoint=os.environ.get("HF_ENDPOINT") or None)
+    # Built here: hf_hub_url rebases only URLs that start with the endpoint huggingface_hub read at
+    # import, so an HF_ENDPOINT set later would be ignored.
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/datasets/{repo_id}/resolve/main/{quote(filename)}"
     try:
         meta = hf.get_hf_file_metadata(url, token=os.environ.get("HF_TOKEN") or None)
     except hf.errors.EntryNotFoundError:

@@ -111,6 +111,56 @@ class Meta(SQLModel, table=True):
     value: str = Field(default="", sa_column=Column(Text))
 
 
+class Job(SQLModel, table=True):
+    """``orch run``: one training from a dataset to weights on disk, over as many attempts as it takes."""
+
+    __tablename__ = "jobs"
+
+    id: str = Field(primary_key=True, max_length=12)
+    name: str = Field(index=True, max_length=64)
+    state: str = Field(index=True, max_length=16)  # planned/running/recovering/completed/failed/cancelled
+    spec: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: what to train, where (no secrets)
+    plan: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: the offer chosen first and why
+    max_cost: Optional[float] = None
+    max_hours: Optional[float] = None
+    retries: int = 0
+    keep: bool = False
+    epoch: Optional[int] = None  # the last epoch seen trained
+    checkpoint_epoch: Optional[int] = None  # the epoch of the intact resume copy kept at home
+    weights: Optional[str] = Field(default=None, sa_column=Column(Text))  # where the weights are, once home
+    cost_usd: float = 0.0
+    phases: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: seconds per phase
+    history: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: [{at, text}], the last few
+    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=now)
+    updated_at: datetime = Field(default_factory=now)
+    ended_at: Optional[datetime] = None
+
+
+class Attempt(SQLModel, table=True):
+    """One instance that trained (or tried to train) a job."""
+
+    __tablename__ = "attempts"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=12)
+    number: int = 1
+    instance_name: str = Field(max_length=64)
+    instance_id: Optional[str] = Field(default=None, foreign_key="instances.id", index=True, max_length=12)
+    run_id: Optional[int] = Field(default=None, foreign_key="runs.id")
+    provider: str = Field(max_length=32)
+    offer: Optional[str] = Field(default=None, sa_column=Column(Text))  # the plan's line for this attempt
+    price_hr: Optional[float] = None
+    state: str = Field(max_length=16)  # launching/running/completed/lost/failed/cancelled
+    start_epoch: Optional[int] = None
+    resumed_from: Optional[str] = Field(default=None, sa_column=Column(Text))
+    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    phases: Optional[str] = Field(default=None, sa_column=Column(Text))
+    unreachable_since: Optional[datetime] = None
+    started_at: datetime = Field(default_factory=now)
+    ended_at: Optional[datetime] = None
+
+
 class Ledger:
     def __init__(self, url: str, upgrade: bool = True):
         self.url = url
@@ -335,6 +385,69 @@ class Ledger:
             if instance_id is not None:
                 q = q.where(Run.instance_id == instance_id)
             return list(s.exec(q.order_by(Run.id)))
+
+    # -- jobs --------------------------------------------------------------------------
+    def create_job(self, active: Iterable[str], **fields: Any) -> Job:
+        """A new job, refused while a job of that name is in one of the ``active`` states."""
+        job = Job(id=new_id(), **fields)
+        with self.session() as s:
+            if not self.sqlite:
+                s.execute(text("SELECT pg_advisory_xact_lock(5260572)"))  # one name check at a time
+            taken = s.exec(select(Job).where(Job.name == job.name, Job.state.in_(tuple(active)))).first()
+            if taken:
+                raise UsageError(f"a job named {job.name!r} is already {taken.state} (`orch jobs show {job.name}`)")
+            s.add(job)
+            s.commit()
+            s.refresh(job)
+        return job
+
+    def job(self, name: str) -> Job | None:
+        """The newest job of that name."""
+        with self.session() as s:
+            return s.exec(select(Job).where(Job.name == name).order_by(Job.created_at.desc())).first()
+
+    def get_job(self, job_id: str) -> Job | None:
+        with self.session() as s:
+            return s.get(Job, job_id)
+
+    def jobs(self, states_: Iterable[str] | None = None) -> list[Job]:
+        with self.session() as s:
+            q = select(Job)
+            if states_ is not None:
+                q = q.where(Job.state.in_(tuple(states_)))
+            return list(s.exec(q.order_by(Job.created_at)))
+
+    def update_job(self, job_id: str, expect: str | Iterable[str] | None = None, **fields: Any) -> Job:
+        """Change a job; with ``expect``, only from those states (compare-and-set on its state)."""
+        with self.session() as s:
+            q = update(Job).where(Job.id == job_id)
+            if expect is not None:
+                q = q.where(Job.state.in_((expect,) if isinstance(expect, str) else tuple(expect)))
+            done = s.exec(q.values(updated_at=now(), **fields))
+            if done.rowcount != 1:
+                s.rollback()
+                job = s.get(Job, job_id)
+                raise IllegalTransition(f"job {job.name if job else job_id} is {job.state if job else 'gone'} now")
+            s.commit()
+            return s.get(Job, job_id)
+
+    def add_attempt(self, **fields: Any) -> Attempt:
+        with self.session() as s:
+            attempt = Attempt(**fields)
+            s.add(attempt)
+            s.commit()
+            s.refresh(attempt)
+            return attempt
+
+    def update_attempt(self, attempt_id: int, **fields: Any) -> Attempt:
+        with self.session() as s:
+            s.exec(update(Attempt).where(Attempt.id == attempt_id).values(**fields))
+            s.commit()
+            return s.get(Attempt, attempt_id)
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        with self.session() as s:
+            return list(s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)))
 
     # -- meta --------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

@@ -7,8 +7,9 @@ added; Vast's ``dph_total`` and the Vast provider's ``spot_hr`` (min bid + stora
 
 Asking. Every provider is asked in its own thread, so an answer takes about as long as the
 slowest provider. A provider is asked when it is ``configured()`` (its key is in config.toml, the
-environment or its SDK's key file); a provider that is no source of offers here (the local one on a machine without
-GPUs) is left out. One that has no key or fails is
+environment or its SDK's key file), has a section in config.toml, or is named with ``--provider``;
+other installed providers are left out, as is one that is no source of offers here (the local one
+on a machine without GPUs). One that has no key or fails is
 one error line and the others still answer: the answer is *partial* (``orch offers`` exits 3).
 Answers are cached under ``$ORCH_HOME/cache`` for ``offers_cache_seconds`` (config.toml, default
 60; 0 turns the cache off), keyed by provider, query and settings, because Vast.ai counts
@@ -187,9 +188,13 @@ def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> A
     providers = {}
     for name in names:
         try:
-            providers[name] = orch.provider(name)
+            provider = orch.provider(name)
         except OrchError as e:  # e.g. a setting of the wrong type: this provider only
             answer.errors.append((name, _one_line(e)))
+            continue
+        # Not named, no key and no section in config.toml: an installed provider the user does not use.
+        if query.providers or provider.configured() or config.provider_settings(name):
+            providers[name] = provider
     ttl = float(config.get("offers_cache_seconds", DEFAULT_CACHE_SECONDS))
     request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot")
     offers: list[Offer] = []

@@ -20,6 +20,10 @@ def manager() -> pluggy.PluginManager:
     if _pm is None:
         pm = pluggy.PluginManager("orch")
         pm.add_hookspecs(hookspecs)
+        from orchestrator import notify, sshconfig
+
+        for builtin in (sshconfig, notify):  # built-in listeners of instance_event
+            pm.register(builtin, name=f"orch.{builtin.__name__.rsplit('.', 1)[-1]}")
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if pm.get_plugin(ep.name) is not None:
                 continue

@@ -4,13 +4,17 @@ Settings (``[providers.vastai]`` in config.toml), all optional:
 ``api_key`` (else ``VAST_API_KEY``, else the SDK's own key files), ``server_url`` (else ``VAST_URL``),
 ``image``, ``ssh_user`` ("root"), ``max_price_hr`` (on-demand $/hr cap; the minimum bid for spot),
 ``min_reliability`` (0.95), ``min_inet_down`` (200 Mbps), ``min_cuda`` (12.1), ``spot_margin``
-(0.05 over the live minimum bid), ``retries`` (5), ``http_timeout`` (30 s), ``poll_seconds`` (2),
-``stop_timeout`` / ``destroy_timeout`` (120 s), ``direct_ssh_grace`` (30 s before the SSH proxy
-is tried in place of a direct route that does not answer).
+(0.05 over the live minimum bid), ``retries`` (5), ``http_timeout`` (30 s), ``create_timeout``
+(120 s, the SDK's own: a create is slow), ``poll_seconds`` (2), ``stop_timeout`` /
+``destroy_timeout`` (120 s), ``direct_ssh_grace`` (3 s: how long the direct SSH route may take to
+say its banner before Vast's SSH proxy is tried).
 
 Vast's traps, each handled here: failures arrive as HTTP 200 with ``success: false``; the SDK's
 ``show_instances`` turns a failed listing into ``[]``; a create that answered an error may have
-rented (and bill) a machine anyway; a create without a bid silently rents on-demand.
+rented (and bill) a machine anyway, and an error answer can carry the id of an instance it made;
+a create without a bid silently rents on-demand; a create without ``cancel_unavail`` on an offer
+just taken makes a stopped instance; a start is accepted and then waits (*scheduling*) until the
+host frees the GPU, possibly for ever; the direct SSH route is often firewalled (the proxy works).
 """
 
 from __future__ import annotations
@@ -23,29 +27,40 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Any, Callable
 
-from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
+from orchestrator.errors import AuthError, NoCapacity, ProviderError, UsageError
 from orchestrator.hookspecs import hookimpl
-from orchestrator.provider import (HOURS_PER_MONTH, Capabilities, Endpoint, Offer, Progress, Provider, Remote, Request,
-                                   Status, bid_with_margin, parse_label, stopped_rate, tcp_open)
+from orchestrator.provider import (Capabilities, Endpoint, Offer, Progress, Provider, Remote, Request, Status,
+                                   bid_with_margin, parse_label, stopped_rate, tcp_open)
 from orchestrator.retry import retry
 
 DEFAULT_IMAGE = "pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"
 # A Retry-After longer than this (a search quota resets at midnight UTC) is not waited out.
 MAX_WAIT = 30.0
-# Create errors meaning "this offer was taken meanwhile": the next cheapest one may do.
+# Create errors meaning "this offer was taken meanwhile": the next cheapest one may do. (Vast does
+# not document the code of a create refused under cancel_unavail; any code is looked into by label.)
 OFFER_TAKEN = {"no_such_ask", "resources_unavailable"}
 MAX_OFFERS_TRIED = 3
-
-_STATES = {"running": Status.RUNNING, None: Status.PENDING, "created": Status.PENDING, "loading": Status.PENDING,
-           "rebooting": Status.PENDING, "stopped": Status.STOPPED, "exited": Status.STOPPED, "frozen": Status.STOPPED}
+# Vast prices storage per month of 720 hours: the OpenAPI show_instance example has
+# storage_cost × GB / 720 = dph_total - dph_base (orch's own month is 730 h).
+VAST_HOURS_PER_MONTH = 720.0
+# The SDK's own timeout (vastai/api/client.py _DEFAULT_TIMEOUT_SECONDS), "conservative enough for
+# slow operations like ... instance creation": a create cut short at 30 s may still have rented.
+CREATE_TIMEOUT = 120.0
+# actual_status values of an instance that will not run by itself and may bill as running (docs
+# "show instance"; the SDK's SKILL.md: "If actual_status becomes exited, unknown, or offline it will
+# never reach running"; frozen: "paused with memory preserved. GPU charges apply").
+_BROKEN = {"exited": "exited: the container's process died",
+           "offline": "offline: its host dropped off Vast.ai",
+           "unknown": "unknown: no heartbeat from its host",
+           "frozen": "frozen: paused with its memory kept, GPU charges apply"}
 
 
 class VastError(ProviderError):
     """A refusal from Vast, with its machine-readable ``error`` code when it gave one."""
 
-    def __init__(self, message: str, code: str | None = None, status: int | None = None):
+    def __init__(self, message: str, code: str | None = None, status: int | None = None, answer: dict | None = None):
         super().__init__(message)
-        self.code, self.status = code, status
+        self.code, self.status, self.answer = code, status, answer or {}
 
 
 class Transient(VastError):
@@ -69,15 +84,11 @@ def vast_gpu_name(name: str) -> str:
 class VastAIProvider(Provider):
     name = "vastai"
     numeric_settings = {"max_price_hr": 0, "min_reliability": 0, "min_inet_down": 0, "min_cuda": 0, "spot_margin": 0,
-                        "retries": 1, "http_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0,
-                        "direct_ssh_grace": 0}
+                        "retries": 1, "http_timeout": 0.1, "create_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0,
+                        "destroy_timeout": 0, "direct_ssh_grace": 0.1}
     capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
                                 self_destroy=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
-
-    def __init__(self, settings: dict[str, Any] | None = None, home=None):
-        super().__init__(settings, home)
-        self._running_since: dict[str, float] = {}  # when a wait first saw the instance running
 
     @property
     def ssh_user(self) -> str:  # type: ignore[override]
@@ -123,7 +134,7 @@ class VastAIProvider(Provider):
             raise VastError(f"Vast.ai answered {what} with something unexpected ({e!r})") from None
         if isinstance(answer, dict) and answer.get("success") is False:
             code, msg = answer.get("error"), answer.get("msg") or answer.get("message")
-            raise VastError(f"Vast.ai refused {what}: {msg or code or answer}", code=code)
+            raise VastError(f"Vast.ai refused {what}: {msg or code or answer}", code=code, answer=answer)
         return answer
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
@@ -184,35 +195,57 @@ class VastAIProvider(Provider):
         return self.get(instance_id)
 
     def _rent(self, candidates: list[Offer], request: Request, label: str) -> str:
-        """Rent one of the offers; after ANY error look for the label before trying again."""
+        """Rent one of the offers: the id of an instance that will run. After ANY error, look for
+        what the create may have made before trying again; what was made that will not run (a
+        stopped instance, one waiting for its GPU, a crashed one) is destroyed, never left."""
         image = request.image or self.settings.get("image") or DEFAULT_IMAGE
         attempts, failures = int(self._setting("retries", 5)), 0
         queue = list(candidates)
+        error: ProviderError | None = None
         while queue:
             offer = queue[0]
+            # cancel_unavail: without it an offer taken meanwhile makes a stopped instance, not an
+            # error (the CLI's help for --cancel-unavail).
             args: dict[str, Any] = dict(image=image, disk=float(request.disk_gb), env=dict(request.env),
-                                        label=label, ssh=True, direct=True)
+                                        label=label, ssh=True, direct=True, cancel_unavail=True)
             if request.spot:
                 # Always explicit: a create without a bid rents on-demand and does not say so.
                 args["bid_price"] = self._bid(request, offer)
+            made: str | None = None
             try:
-                answer = self._once(lambda: self._sdk.create_instance(int(offer.offer_id), **args), "create")
+                answer = self._slow(lambda: self._sdk.create_instance(int(offer.offer_id), **args), "create")
                 if not isinstance(answer, dict) or not answer.get("new_contract"):
                     raise VastError(f"Vast.ai create answered without an instance id: {answer}")
-                return str(answer["new_contract"])
+                made, error = str(answer["new_contract"]), None
             except AuthError:
                 raise
             except ProviderError as e:
                 error = e
-            # A 502 (and the SDK's own re-send, 404 no_such_ask) can hide a machine that bills.
-            try:
-                found = self.find(label)
-            except ProviderError as e:
-                raise ProviderError(f"Vast.ai create of {label} failed ({error}), and the listing that would "
-                                    f"show whether it was created anyway failed too ({e}); check "
-                                    f"`vastai show instances` before retrying") from None
-            if found:
-                return found.provider_id
+                # An error answer that carries new_contract made that instance anyway (dstack's
+                # Vast client: a bid too low creates it stopped and answers an error).
+                contract = getattr(e, "answer", {}).get("new_contract")
+                made = str(contract) if contract else None
+            if made is None:
+                # A 502 (and the SDK's own re-send, 404 no_such_ask) can hide a machine that bills.
+                try:
+                    found = self.find(label)
+                except ProviderError as e:
+                    raise ProviderError(f"Vast.ai create of {label} failed ({error}), and the listing that would "
+                                        f"show whether it was created anyway failed too ({e}); check "
+                                        f"`vastai show instances` before retrying") from None
+                made = found.provider_id if found else None
+            if made is not None:
+                landed = self.get(made)
+                if landed.status in (Status.RUNNING, Status.PENDING):
+                    return made
+                why = f"{error}; " if error else ""
+                self._discard(made, f"{why}offer {offer.offer_id} gave instance {made}, which is "
+                                    f"{landed.detail or landed.status.value}")
+                error = NoCapacity(f"Vast.ai offer {offer.offer_id} made instance {made} "
+                                   f"{landed.detail or landed.status.value} instead of running ({why.rstrip('; ')}"
+                                   f"{'; ' if why else ''}destroyed it)")
+                queue.pop(0)
+                continue
             failures += 1
             if failures >= attempts:
                 raise error
@@ -222,7 +255,26 @@ class VastAIProvider(Provider):
                 time.sleep(min(MAX_WAIT, error.wait if error.wait >= 0 else 0.5 * 2 ** (failures - 1)))
             else:
                 raise error
-        raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again")
+        raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again"
+                         + (f" (last: {error})" if error else ""))
+
+    def _discard(self, instance_id: str, why: str) -> None:
+        """Destroy an instance a create made that will not run; its id is in any error."""
+        try:
+            self.destroy(instance_id)
+        except ProviderError as e:
+            raise ProviderError(f"{why}; destroying it failed ({e}): it still bills; run "
+                                f"`vastai destroy instance {instance_id} -y`") from None
+
+    def _slow(self, fn: Callable[[], Any], what: str) -> Any:
+        """One call that may take long at Vast (a create), under ``create_timeout``."""
+        client = self._sdk.client
+        before = client.timeout
+        client.timeout = self._setting("create_timeout", CREATE_TIMEOUT)
+        try:
+            return self._once(fn, what)
+        finally:
+            client.timeout = before
 
     def _bid(self, request: Request, offer: Offer) -> float:
         live = float(offer.raw["min_bid"])
@@ -281,15 +333,9 @@ class VastAIProvider(Provider):
         self._await(provider_id, {Status.STOPPED, Status.GONE}, self._setting("stop_timeout", 120), "stop")
 
     def start(self, provider_id: str) -> Remote:
-        try:
-            self._call(lambda: self._sdk.start_instance(_vast_id(provider_id)), f"start of instance {provider_id}")
-        except VastError as e:
-            if e.code != "resources_unavailable":
-                raise
-            raise StartRefused(
-                f"Vast.ai cannot start instance {provider_id} now: its machine has no free GPU "
-                f"(resources_unavailable). Its disk is kept and still bills storage. Try the start again "
-                f"later, or destroy the instance (losing its disk) to stop paying.") from None
+        """Ask for the start: Vast accepts it and the instance then waits (scheduling) until its
+        host frees the GPU, possibly for ever. The waiting, and giving up, is the caller's."""
+        self._call(lambda: self._sdk.start_instance(_vast_id(provider_id)), f"start of instance {provider_id}")
         return self.get(provider_id)
 
     def destroy(self, provider_id: str) -> None:
@@ -305,7 +351,7 @@ class VastAIProvider(Provider):
             return
         self._await(provider_id, {Status.GONE}, self._setting("destroy_timeout", 120), "destroy")
 
-    def _await(self, provider_id: str, wanted: set[str], timeout: float, what: str) -> None:
+    def _await(self, provider_id: str, wanted: set[Status], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while True:
             status = self.get(provider_id).status
@@ -313,41 +359,34 @@ class VastAIProvider(Provider):
                 return
             if time.monotonic() >= deadline:
                 raise ProviderError(f"Vast.ai accepted the {what} of instance {provider_id} but still shows it "
-                                    f"{status} after {timeout:.0f} s")
+                                    f"{status.value} after {timeout:.0f} s")
             time.sleep(self._setting("poll_seconds", 2))
 
-    def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
-                 interval: float = 2.0) -> Remote:
-        self._running_since.pop(provider_id, None)  # the direct route's grace starts afresh each wait
-        return super().wait_ssh(provider_id, timeout, progress, interval)
-
     def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
-        """The direct route when it answers; Vast's proxy only once the direct one has had its chance."""
+        """The direct route when it says its SSH banner within ``direct_ssh_grace``, else Vast's SSH
+        proxy (the direct port is often firewalled: it accepts and never speaks). Nothing is kept
+        here: the ledger keeps the route that answered, and orch asks again when it stops answering."""
         if remote.status != Status.RUNNING:
             return None
-        now = time.monotonic()
-        since = self._running_since.setdefault(remote.provider_id, now)
         direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
-        if direct and tcp_open(direct):
+        if direct and tcp_open(direct, timeout=self._setting("direct_ssh_grace", 3)):
             return replace(remote, endpoint=direct)
-        if proxy and (not direct or now - since >= self._setting("direct_ssh_grace", 30)) and tcp_open(proxy):
-            if progress:
+        if proxy and tcp_open(proxy):
+            if progress and direct:
                 progress("the direct SSH route does not answer: using Vast.ai's SSH proxy")
             return replace(remote, endpoint=proxy)
         return None
 
     def _remote(self, row: dict) -> Remote:
-        status = _STATES.get(row.get("actual_status"), Status.PENDING)
+        status, detail = _status(row)
         provider_id = str(row["id"])
         routes = []
         if status == Status.RUNNING:
             routes = [r for r in (_direct(row, self.ssh_user), _proxy(row, self.ssh_user)) if r]
-        disk, per_gb = row.get("disk_space"), row.get("storage_cost")
         return Remote(
-            provider_id=provider_id, label=row.get("label") or "", status=status,
+            provider_id=provider_id, label=row.get("label") or "", status=status, detail=detail,
             endpoint=routes[0] if routes else None, routes=routes,
-            price_hr=row.get("dph_total"),
-            stopped_price_hr=stopped_rate(disk, per_gb) if disk is not None and per_gb is not None else None,
+            price_hr=row.get("dph_total"), stopped_price_hr=_storage_hr(row),
             gpu_name=row.get("gpu_name"), gpus=int(row.get("num_gpus") or 0), spot=bool(row.get("is_bid")),
             # The user's environment (tokens, perhaps) stays out of anything orch might record.
             raw={k: v for k, v in row.items() if k not in ("extra_env", "onstart")},
@@ -426,8 +465,9 @@ def _http_error(r, what: str) -> VastError:
             return VastError(f"Vast.ai rate limit on {what} ({detail}); try again later", code=code, status=429)
         return Transient(f"Vast.ai rate limit on {what} (HTTP 429: {detail})", wait=wait, code=code, status=429)
     if status >= 500:
-        return Transient(f"Vast.ai server error on {what} (HTTP {status}: {detail})", code=code, status=status)
-    return VastError(f"Vast.ai refused {what} (HTTP {status}: {detail})", code=code, status=status)
+        return Transient(f"Vast.ai server error on {what} (HTTP {status}: {detail})", code=code, status=status,
+                         answer=body)
+    return VastError(f"Vast.ai refused {what} (HTTP {status}: {detail})", code=code, status=status, answer=body)
 
 
 def _vast_id(provider_id: str) -> int:
@@ -439,7 +479,9 @@ def _vast_id(provider_id: str) -> int:
 
 def _offer(row: dict, disk_gb: float) -> Offer:
     per_gb = row.get("storage_cost")
-    disk_hr = (per_gb or 0.0) * disk_gb / HOURS_PER_MONTH
+    disk_hr = _number(row.get("storage_total_cost"))
+    if disk_hr is None:
+        disk_hr = stopped_rate(disk_gb, per_gb or 0.0, VAST_HOURS_PER_MONTH)
     min_bid = row.get("min_bid")
     return Offer(
         provider="vastai", offer_id=str(row["id"]), gpu_name=row.get("gpu_name") or "?",
@@ -448,8 +490,49 @@ def _offer(row: dict, disk_gb: float) -> Offer:
         # min_bid leaves the disk out; dph_total has it (for the allocated storage asked).
         spot_hr=round(min_bid + disk_hr, 6) if min_bid is not None else None,
         disk_gb_month=per_gb, reliability=row.get("reliability"), location=row.get("geolocation"),
+        # Stopped, the disk alone bills, over Vast's 720-hour month.
+        stopped_hr=round(disk_hr, 6),
         min_bid_per_gpu=float(min_bid) / max(int(row.get("num_gpus") or 1), 1) if min_bid is not None else None, raw=row,
     )
+
+
+def _status(row: dict) -> tuple[Status, str]:
+    """Vast's three status fields as one ``Status`` and the word for it (docs "show instance"):
+    ``actual_status`` the container, ``intended_status`` what was asked for, ``cur_state`` the
+    machine contract (``unloaded`` once destroyed)."""
+    actual, intended, contract = row.get("actual_status"), row.get("intended_status"), row.get("cur_state")
+    if contract == "unloaded":
+        return Status.GONE, "unloaded"
+    if intended == "stopped":
+        # Stopped by someone, or outbid (dstack: cur_state, intended_status and next_state all
+        # stopped), whatever the container reads (SkyPilot takes exited for stopped too).
+        if actual == "running":
+            return Status.PENDING, "stopping"
+        return Status.STOPPED, actual or "stopped"
+    if actual in _BROKEN or intended == "frozen":
+        return Status.BROKEN, _BROKEN.get(actual, _BROKEN["frozen"])
+    if actual == "running":
+        return Status.RUNNING, "running"
+    if actual == "scheduling" or (contract == "stopped" and actual in (None, "stopped", "created")):
+        # A start accepted and no machine allocated yet: it waits for its host to free the GPU
+        # (docs "vastai start instance": the "scheduling" state).
+        return Status.SCHEDULING, "scheduling: waits for its host to free a GPU"
+    return Status.PENDING, actual or "provisioning"  # created, loading, rebooting, or null
+
+
+def _storage_hr(row: dict) -> float | None:
+    """What the instance bills stopped: its own storage_total_cost where given, else its disk over
+    Vast's 720-hour month."""
+    given = _number(row.get("storage_total_cost"))
+    if given is not None:
+        return given
+    disk, per_gb = _number(row.get("disk_space")), _number(row.get("storage_cost"))
+    return stopped_rate(disk, per_gb, VAST_HOURS_PER_MONTH) if disk is not None and per_gb is not None else None
+
+
+def _number(value) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+    return float(value) if ok else None
 
 
 def _direct(row: dict, user: str) -> Endpoint | None:

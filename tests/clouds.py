@@ -57,11 +57,12 @@ def runpod(orch_home, tmp_path, monkeypatch):
 
 @pytest.fixture
 def vast(orch_home, tmp_path, monkeypatch):
-    """A fake Vast.ai configured for orch; yields (fake, env for ``run_orch``)."""
+    """A fake Vast.ai configured for orch, behaving as Vast does (direct SSH route silent, the proxy
+    working, starts that schedule); yields (fake, env for ``run_orch``)."""
     with FakeVast(tmp_path, boot_polls=1) as fake:
         monkeypatch.setenv("VAST_URL", fake.url)
         configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(), "poll_seconds": 0.05,
-                                        "destroy_timeout": 10})
+                                        "destroy_timeout": 10, "direct_ssh_grace": 0.3})
         yield fake, {"VAST_URL": fake.url}
 
 

@@ -8,6 +8,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOWHERE = "http://127.0.0.1:9"
 SECRET_ENV = ("RUNPOD_API_KEY", "VAST_API_KEY", "HF_TOKEN", "RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT")
+# AWS and Lambda Cloud: credentials and where they live (HOME moves too, so ~/.aws is never read).
+CLOUD_ENV = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+             "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE",
+             "AWS_SHARED_CREDENTIALS_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+             "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 @pytest.fixture(autouse=True)
@@ -19,12 +25,13 @@ def orch_home(tmp_path, monkeypatch):
         monkeypatch.delenv("ORCH_DATABASE_URL", raising=False)
     else:
         monkeypatch.setenv("ORCH_DATABASE_URL", os.environ["ORCH_TEST_DATABASE_URL"])
-    for var in SECRET_ENV:
+    for var in SECRET_ENV + CLOUD_ENV:
         monkeypatch.delenv(var, raising=False)
     # Nothing a test does may reach a real cloud: every API points at a loopback port where nothing
     # listens, until a test's fake server takes its place.
-    for var in ("RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT"):
+    for var in ("RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT", "LAMBDA_API_BASE_URL", "AWS_ENDPOINT_URL"):
         monkeypatch.setenv(var, NOWHERE)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 would ask 169.254.169.254 for credentials
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # never the developer's ~/.runpod or ~/.ssh
     (tmp_path / "user").mkdir()
     yield home

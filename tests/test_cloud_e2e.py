@@ -2,10 +2,11 @@
 
 import getpass
 import json
+import time
 
 import pytest
 
-from orchestrator import dataset, states
+from orchestrator import dataset
 from tests.conftest import needs_torch, run_orch
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
@@ -30,7 +31,8 @@ def runpod(orch_home, tmp_path, monkeypatch):
 def vast(orch_home, tmp_path, monkeypatch):
     with FakeVast(tmp_path) as fake:
         monkeypatch.setenv("VAST_URL", fake.url)
-        configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(), "poll_seconds": 0.1})
+        configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(), "poll_seconds": 0.1,
+                                        "direct_ssh_grace": 0.3})
         yield fake, {"VAST_URL": fake.url}
 
 
@@ -64,23 +66,32 @@ def test_gpu_verify_failure_terminates_and_the_ledger_says_why(orch_home, reques
     assert fake.live() == [], "the pod that failed verify was terminated, not left billing"
 
 
-def test_runpod_preemption_is_recorded_in_the_ledger(orch_home, runpod):
-    from orchestrator.lifecycle import Orch
-    from orchestrator.provider import Request, label_for
+@needs_torch
+@pytest.mark.training
+def test_runpod_up_with_a_long_training_returns_once_it_runs(orch_home, runpod, tmp_path):
+    """Issue 11: on pods whose login shell is bash, ``orch up --data`` without --wait returns within a
+    minute of the training starting (a detached launch must not hold the SSH channel), and the
+    training goes on: ``orch status`` says running."""
+    from datetime import datetime, timezone
 
     fake, env = runpod
-    orch = Orch.open(say=lambda m: None)
-    provider = orch.provider("runpod")
-    inst = orch.ledger.create_instance(name="spot1", provider="runpod", label="", spot=True, gpus=1)
-    remote = provider.create(Request(name="spot1", gpu="RTX 4090", spot=True), inst.label, "ssh-ed25519 AAAA test")
-    orch.move(inst, states.PROVISIONING, provider_id=remote.provider_id)
-    inst = orch.move(orch.ledger.get(inst.id), states.READY, "verified (test)")
-    provider.wait_ssh(remote.provider_id, 30)
-    assert orch.refresh(inst).state == states.READY
-    fake.preempt(remote.provider_id)
-    inst = orch.refresh(orch.ledger.get(inst.id))
-    assert inst.state == states.PREEMPTED
-    assert "preempted" in orch.ledger.events(inst.id)[-1].reason
-    assert label_for(inst.id, "spot1") == inst.label
-    orch.down(inst)
+    ds = dataset.synth(tmp_path / "ds")
+    up = run_orch("up", "long", "--provider", "runpod", "--cpu", "--data", ds, "--epochs", "2000", "--imgsz", "64",
+                  "--batch", "4", "--train-arg", "workers=0", "--json", env=env, check=0, timeout=300)
+    returned = datetime.now(timezone.utc)
+    run = json.loads(up.stdout)["run"]
+    started = datetime.fromisoformat(run["started_at"].replace("Z", "+00:00"))
+    assert (returned - started).total_seconds() < 60, f"up returned {returned - started} after the training started"
+    seen = []
+    for _ in range(60):  # LibreYOLO's first epoch: the run reports "starting" until then
+        detail = json.loads(run_orch("status", "long", "--json", env=env, check=0).stdout)
+        seen.append(detail["run"]["state"])
+        if seen[-1] != "starting":
+            break
+        time.sleep(1)
+    assert detail["state"] == "ready" and seen[-1] == "running", seen
+    pod = fake.live()[0]
+    assert any("train_entry.py" in p for p in pod.host.processes()), "the training outlived orch up's SSH session"
+    assert pod.host.run("getent passwd root").stdout.strip().endswith(":/bin/bash")  # the shell that hid nothing
+    run_orch("down", "long", "--no-pull", env=env, check=0)
     assert fake.live() == []

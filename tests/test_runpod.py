@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import remote as ssh
-from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
+from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, StartRefused, UsageError
 from orchestrator.provider import Request, label_for, tcp_open
 from orchestrator.provider import Status
 from providers.runpod import RunPodProvider, register_providers
@@ -55,6 +56,9 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert sent["gpuTypeId"] == "NVIDIA GeForce RTX 4090" and sent["name"] == _label()
     assert sent["volumeInGb"] == 30 and sent["volumeMountPath"] == "/workspace" and sent["ports"] == "22/tcp"
     assert {"key": "PUBLIC_KEY", "value": public_key} in sent["env"]
+    # The default image is built on CUDA 12.4: every version from there on, none older.
+    assert sent["allowedCudaVersions"][:3] == ["12.4", "12.5", "12.6"] and "12.3" not in sent["allowedCudaVersions"]
+    assert fake_runpod.pods[created.provider_id].host_cuda == "12.8"  # not the 11.8 host it lands on unasked
 
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
     pod = fake_runpod.pods[created.provider_id]
@@ -62,6 +66,7 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert up.endpoint.host != PRIVATE_IP  # the private entry comes first in runtime.ports
     assert _shell(up, key_path, "echo hi").strip() == "hi"
     _shell(up, key_path, "echo kept > /workspace/marker; echo wiped > ~/marker")
+    first_key = fake_runpod.pods[created.provider_id].host.host_key()
 
     provider.stop(created.provider_id)
     stopped = provider.get(created.provider_id)
@@ -73,6 +78,9 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     # The volume survived the stop; the container disk (root's home) did not (RunPod docs, "Manage Pods").
     assert _shell(again, key_path, "cat /workspace/marker").strip() == "kept"
     assert "No such file" in _shell(again, key_path, "ls ~/marker 2>&1; true")
+    # RunPod's images make new SSH host keys at every start (official-templates/base start.sh).
+    assert fake_runpod.pods[created.provider_id].host.host_key() != first_key
+    assert provider.capabilities.new_host_key_on_start
 
     provider.destroy(created.provider_id)
     assert provider.get(created.provider_id).status == Status.GONE
@@ -81,18 +89,26 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert provider.list() == []
 
 
-def test_cpu_pod(provider, fake_runpod, key):
+def test_cpu_pod_has_no_volume_stops_and_keeps_nothing(provider, fake_runpod, key):
+    """RunPod CPU pods have container disk only (REST v2 openapi, CreatePodRequest: "CPU pods support
+    container disk and network volumes only"), and stop and start like any pod: a start is a fresh
+    container, whatever was written on it gone."""
     key_path, public_key = key
     created = provider.create(Request(name="cpu", cpu=True, disk_gb=40), _label("cpu"), public_key)
     sent = fake_runpod.inputs("deployCpuPod")[0]
     assert sent["instanceId"] == "cpu3c-2-4" and sent["containerDiskInGb"] == 40
-    assert "volumeInGb" not in sent and "gpuTypeId" not in sent
+    assert not {"volumeInGb", "gpuTypeId", "allowedCudaVersions"} & set(sent)
     up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    assert up.gpus == 0 and up.gpu_name is None
-    assert _shell(up, key_path, "echo hi").strip() == "hi"
-    with pytest.raises(UsageError, match="no volume disk"):  # a stop would wipe its only disk
-        provider.stop(created.provider_id)
-    assert provider.get(created.provider_id).status == Status.RUNNING
+    assert up.gpus == 0 and up.gpu_name is None and up.stopped_price_hr == 0  # nothing bills while stopped
+    _shell(up, key_path, "echo gone > ~/marker; test -d /workspace || echo no-volume > ~/where")
+    assert _shell(up, key_path, "cat ~/where").strip() == "no-volume"
+
+    provider.stop(created.provider_id)
+    assert provider.get(created.provider_id).status == Status.STOPPED and fake_runpod.inputs("podStop")
+    provider.start(created.provider_id)
+    assert fake_runpod.inputs("podResume") == [{"podId": created.provider_id, "gpuCount": 0}]
+    again = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    assert "No such file" in _shell(again, key_path, "ls ~/marker 2>&1; true")
     provider.destroy(created.provider_id)
 
 
@@ -107,46 +123,119 @@ def test_gpu_names_resolve_against_the_catalog(provider, fake_runpod):
     assert fake_runpod.live() == []
 
 
-def test_spot_bid_comes_from_the_live_minimum(provider, fake_runpod, key):
-    _, public_key = key
-    gpu = fake_runpod.gpu("NVIDIA GeForce RTX 4090")
-    gpu["minimumBidPrice"] = 0.31
-    first = provider.create(Request(name="s1", gpu="4090", gpus=2, spot=True), _label("s1"), public_key)
-    gpu["minimumBidPrice"] = 0.40  # the market moved: the next bid must follow, not a cached price
-    provider.create(Request(name="s2", gpu="4090", spot=True), _label("s2"), public_key)
-    bids = [i["bidPerGpu"] for i in fake_runpod.inputs("podRentInterruptable")]
-    assert bids == [0.326, 0.42]  # 0.3255 rounds up, 0.42 stays
-    assert first.spot and first.price_hr == pytest.approx(2 * bids[0])
-
-    explicit = RunPodProvider(fake_runpod.settings(spot_margin=0.5))
-    explicit.create(Request(name="s3", gpu="4090", spot=True, bid=0.55), _label("s3"), public_key)
-    assert fake_runpod.inputs("podRentInterruptable")[-1]["bidPerGpu"] == 0.55
+@pytest.mark.parametrize("request_", [Request(name="x", gpu="RTX 4090", spot=True),
+                                      Request(name="x", cpu=True, spot=True),
+                                      Request(name="x", gpu="RTX 4090", spot=True, bid=0.3)])
+def test_spot_is_refused_before_anything_is_sent(provider, fake_runpod, request_):
+    assert not provider.capabilities.spot
+    with pytest.raises(UsageError, match="no spot pods"):
+        provider.create(request_, _label(), "ssh-ed25519 AAAA")
+    assert fake_runpod.queries == []
 
 
-def test_preempted_spot_pod_is_stopped_and_resumes_with_a_bid(provider, fake_runpod, key):
-    key_path, public_key = key
-    created = provider.create(Request(name="spot", gpu="RTX 4090", spot=True), _label(), public_key)
-    provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    fake_runpod.preempt(created.provider_id)
-    gone = provider.get(created.provider_id)
-    assert gone.status == Status.STOPPED and gone.spot and gone.endpoint is None
+@pytest.mark.parametrize("mutation", ["podRentInterruptable", "podBidResume"])
+def test_the_removed_spot_mutations_are_a_validation_error(fake_runpod, monkeypatch, mutation):
+    """What RunPod's GraphQL answers for a field its schema no longer has (removed 2026-09-11)."""
+    import runpod
+    from runpod.api.graphql import run_graphql_query
+    from runpod.error import QueryError
 
-    fake_runpod.gpu("NVIDIA GeForce RTX 4090")["minimumBidPrice"] = 0.26
-    provider.start(created.provider_id)
-    assert fake_runpod.inputs("podResume") == []
-    resumed = fake_runpod.inputs("podBidResume")
-    assert resumed == [{"podId": created.provider_id, "bidPerGpu": 0.273,
-                        "gpuCount": 1}]
-    up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
-    assert _shell(up, key_path, "echo back").strip() == "back"
-    provider.destroy(created.provider_id)
+    monkeypatch.setattr(runpod, "api_key", fake_runpod.key)
+    with pytest.raises(QueryError, match=f'Cannot query field "{mutation}" on type "Mutation"'):
+        run_graphql_query(f'mutation {{ {mutation}(input: {{podId: "x", bidPerGpu: 0.2, gpuCount: 1}}) {{ id }} }}')
+    assert fake_runpod.live() == []
 
 
-def test_create_that_errors_after_creating_returns_the_pod(provider, fake_runpod, key):
+@pytest.mark.parametrize("lag", [0, 3])
+def test_create_that_errors_after_creating_returns_the_pod(provider, fake_runpod, key, lag):
     fake_runpod.fail_create_after = 1
+    fake_runpod.listing_lag = lag  # and the new pod is missing from the next listings
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
     assert [p.id for p in fake_runpod.live()] == [created.provider_id]
     assert len(fake_runpod.inputs("podFindAndDeployOnDemand")) == 1  # found, not re-sent
+    assert sum("myself" in q for q in fake_runpod.queries) == lag + 1  # it looked until the listing showed it
+
+
+def test_a_pod_that_never_shows_is_not_created_twice(fake_runpod, key):
+    """A 500 after the pod was made, and a listing that lags past the lookup: orch says so and sends no
+    second create (RunPod answers the same 500 after making a pod: a retry could make another)."""
+    provider = RunPodProvider(fake_runpod.settings(create_lookup_seconds=0.5))
+    fake_runpod.fail_create_after = 1
+    fake_runpod.listing_lag = 10**6
+    with pytest.raises(ProviderError, match="no second create") as failed:
+        provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert "orch reconcile" in str(failed.value)
+    assert len(fake_runpod.inputs("podFindAndDeployOnDemand")) == 1 and len(fake_runpod.live()) == 1
+    fake_runpod.live()[0].hidden_listings = 0  # the listing catches up: the one pod is found by its name
+    assert provider.find(_label()).provider_id == fake_runpod.live()[0].id
+
+
+def test_a_refused_create_is_retried_after_a_look(provider, fake_runpod, key):
+    """A 429 page made nothing: one look, then the create again (one pod)."""
+    provider.gpu_types()  # (cached: the next request is the create)
+    fake_runpod.rate_limited = 1
+    created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert [p.id for p in fake_runpod.live()] == [created.provider_id]
+    asked = [parse(q)[1][0].name for q in fake_runpod.queries[-4:-1]]
+    assert asked == ["podFindAndDeployOnDemand", "myself", "podFindAndDeployOnDemand"]
+
+
+@pytest.mark.parametrize("image, needs", [
+    ("runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04", "12.4"),
+    ("runpod/pytorch:1.0.2-cu1281-torch280-ubuntu2404", "12.8"),
+    ("nvidia/cuda:12.1.0-cudnn8-devel-ubuntu22.04", "12.1"),
+    ("runpod/pytorch:2.1.0-py3.10-cuda11.8.0-devel-ubuntu22.04", "11.8"),
+    ("ubuntu:22.04", None)])
+def test_cuda_versions_come_from_the_image_tag(provider, fake_runpod, key, image, needs):
+    provider.create(Request(name="x", gpu="RTX 4090", image=image), _label(), key[1])
+    sent = fake_runpod.inputs("podFindAndDeployOnDemand")[0]
+    if needs is None:
+        assert "allowedCudaVersions" not in sent  # the tag says nothing: nothing to ask for
+    else:
+        assert sent["allowedCudaVersions"][0] == needs and "13.0" in sent["allowedCudaVersions"]
+    pinned = RunPodProvider(fake_runpod.settings(min_cuda="12.6"))
+    pinned.create(Request(name="y", gpu="RTX 4090", image=image), _label("y"), key[1])
+    assert fake_runpod.inputs("podFindAndDeployOnDemand")[1]["allowedCudaVersions"][0] == "12.6"
+
+
+def test_bad_min_cuda_setting_is_refused(fake_runpod):
+    with pytest.raises(UsageError, match="min_cuda"):
+        RunPodProvider(fake_runpod.settings(min_cuda="twelve"))
+    assert fake_runpod.queries == []
+
+
+def test_no_host_with_the_cuda_asked_for_is_no_capacity(provider, fake_runpod, key):
+    fake_runpod.host_cudas = ["11.8", "12.2"]
+    with pytest.raises(NoCapacity):
+        provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert fake_runpod.live() == []
+
+
+def test_a_container_that_never_starts_fails_the_wait_within_minutes(fake_runpod, key):
+    """Without the right CUDA filter (here a wrong ``min_cuda``) the pod lands on an 11.8 host, where
+    a CUDA 12.4 image never starts: RunPod shows it RUNNING with no runtime, for ever."""
+    provider = RunPodProvider(fake_runpod.settings(min_cuda="11.8", container_start_minutes=0.02))
+    created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert fake_runpod.pods[created.provider_id].host_cuda == "11.8"
+    t0 = time.monotonic()
+    with pytest.raises(SSHError, match="has not started its container within 1 s"):
+        provider.wait_ssh(created.provider_id, timeout=600, interval=0.05)
+    assert time.monotonic() - t0 < 10
+    assert provider.get(created.provider_id).raw["desiredStatus"] == "RUNNING"  # and billing
+    provider.destroy(created.provider_id)
+
+
+def test_a_pod_made_without_a_cuda_filter_can_land_where_it_never_starts(fake_runpod, monkeypatch):
+    """The SDK's own create_pod sends no allowedCudaVersions: the fake places it on its oldest host."""
+    import runpod
+
+    monkeypatch.setattr(runpod, "api_key", fake_runpod.key)
+    made = runpod.create_pod(_label("sdk"), "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04",
+                             "NVIDIA GeForce RTX 4090")
+    for _ in range(5):
+        pod = runpod.get_pod(made["id"])
+        assert pod["desiredStatus"] == "RUNNING" and pod["runtime"] is None
+    runpod.terminate_pod(made["id"])
 
 
 def test_env_values_reach_the_pod_intact(provider, fake_runpod, key):
@@ -250,10 +339,13 @@ def test_offers_one_query_normalised(provider, fake_runpod):
     assert len(fake_runpod.queries) == before + 1
     rtx = offers["NVIDIA GeForce RTX 4090"]
     assert (rtx.provider, rtx.gpu_name, rtx.gpus, rtx.vram_gb) == ("runpod", "RTX 4090", 2, 24.0)
-    assert rtx.price_hr == pytest.approx(2 * 0.34) and rtx.spot_hr == pytest.approx(2 * 0.20)
+    assert rtx.price_hr == pytest.approx(2 * 0.34)
     assert rtx.disk_gb_month == 0.10 and rtx.disk_gb_month_stopped == 0.20 and rtx.stock == "High"
-    sxm = offers["NVIDIA A100-SXM4-80GB"]
-    assert sxm.price_hr == pytest.approx(2 * 1.89) and sxm.spot_hr is None
+    # No spot prices (spot pods are gone), not even asked for.
+    assert all(o.spot_hr is None and o.min_bid_per_gpu is None for o in offers.values())
+    assert "minimumBidPrice" not in fake_runpod.queries[-1] and "SpotPrice" not in fake_runpod.queries[-1]
+    # stockStatus null is out of stock (gpuhunt leaves these out): the A100 SXM has a price, and no stock.
+    assert "NVIDIA A100-SXM4-80GB" not in offers and len(offers) == len(fake_runpod.gpus) - 1
     only = provider.offers(Request(name="x", gpu="4090"))
     assert [o.offer_id for o in only] == ["NVIDIA GeForce RTX 4090"]
 
@@ -267,6 +359,9 @@ def test_pod_stops_itself(provider, fake_runpod, key, destroy):
     assert fake_runpod.pods[created.provider_id].key not in command and fake_runpod.key not in command
     conn = ssh.connect(up.endpoint.host, up.endpoint.port, up.endpoint.user, key_path, None)
     try:
+        # A command over SSH does not see the container's RUNPOD_* (RunPod's image sources them at the
+        # end of ~/.bashrc, after Ubuntu's early return): the snippet reads them from /proc/1/environ.
+        assert ssh.run(conn, 'echo "[$RUNPOD_POD_ID]"').strip() == "[]"
         ssh.run(conn, command, check=False)
     except Exception:  # noqa: BLE001 - the pod may go down under its own session
         pass
@@ -282,12 +377,6 @@ def test_pod_key_is_scoped_to_its_pod(provider, fake_runpod, key):
     assert scoped.get(a.provider_id).provider_id == a.provider_id
     with pytest.raises(ProviderError, match="scoped"):
         scoped.get(b.provider_id)
-
-
-def test_spot_cpu_is_refused_before_anything_is_sent(provider, fake_runpod):
-    with pytest.raises(UsageError, match="no spot CPU"):
-        provider.create(Request(name="x", cpu=True, spot=True), _label(), "ssh-ed25519 AAAA")
-    assert fake_runpod.queries == []
 
 
 def test_the_sdk_itself_works_against_the_fake(fake_runpod, monkeypatch):

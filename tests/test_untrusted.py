@@ -6,11 +6,9 @@ import inspect
 import io
 import json
 import os
-import stat
 import subprocess
 import sys
 import tarfile
-import time
 import typing
 from pathlib import Path
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
+from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, UsageError
 from orchestrator.provider import Endpoint, Request, label_for, tcp_open
 from orchestrator.provider import Status
 from orchestrator.remote import connect, run
@@ -19,7 +19,9 @@ from tests.fakes.vast_api import PROXY_HOST, FakeVast
 
 ROOT = Path(__file__).resolve().parents[1]
 LABEL = label_for("0123456789ab", "train")
-DISK_HR = 0.15 * 20 / 730  # offer 1001's storage for the default 20 GB, per hour
+# Offer 1001's storage for the default 20 GB, per hour: Vast's month is 720 hours (the OpenAPI
+# show_instance example: storage_cost x GB / 720 = dph_total - dph_base).
+DISK_HR = 0.15 * 20 / 720
 
 
 @pytest.fixture
@@ -29,7 +31,8 @@ def fake(tmp_path):
 
 
 def make_provider(fake, tmp_path, **settings):
-    base = {"api_key": fake.key, "server_url": fake.url, "ssh_user": getpass.getuser(), "poll_seconds": 0.02}
+    base = {"api_key": fake.key, "server_url": fake.url, "ssh_user": getpass.getuser(), "poll_seconds": 0.02,
+            "direct_ssh_grace": 0.3}
     return VastAIProvider({**base, **settings}, home=tmp_path)
 
 
@@ -70,6 +73,7 @@ def test_offers_keep_only_suitable_machines_cheapest_first(fake, provider, given
     assert best.price_hr == pytest.approx(0.40 + DISK_HR, abs=1e-5)
     assert best.spot_hr == pytest.approx(0.20 + DISK_HR, abs=1e-5)  # min_bid leaves the disk out
     assert best.disk_gb_month == 0.15 and best.reliability == 0.99 and best.location == "Sweden, SE"
+    assert best.stopped_hr == pytest.approx(DISK_HR, abs=1e-6)  # the disk alone, over 720 hours
     body = fake.calls("POST", r"/bundles/$")[-1].body
     assert body["gpu_name"] == {"eq": "RTX 4090"} and body["num_gpus"] == {"eq": 1}  # typed, not "1"
     assert body["allocated_storage"] == 20.0
@@ -99,19 +103,24 @@ def test_no_offer_means_no_capacity_and_nothing_rented(fake, provider):
 def test_lifecycle_create_ssh_stop_start_destroy(fake, provider, keypair):
     key, public = keypair
     remote = provider.create(Request(name="train", gpu="4090"), LABEL, public)
-    assert remote.label == LABEL and remote.status == Status.PENDING and remote.endpoint is None
+    assert remote.label == LABEL and remote.status in (Status.PENDING, Status.RUNNING)  # booting, or just up
     create = fake.calls("PUT", r"^/api/v0/asks/1001/$")[0].body
     assert create["price"] is None and create["label"] == LABEL and create["disk"] == 20.0
     assert create["image"].startswith("pytorch/pytorch:") and create["runtype"] == "ssh_direc ssh_proxy"
+    assert create["cancel_unavail"] is True  # else a just-taken offer makes a stopped instance
     # The key is attached by create itself, before anyone could wait for SSH.
     attach = fake.calls("POST", rf"/instances/{remote.provider_id}/ssh/$")
     assert [a.body["ssh_key"] for a in attach] == [public]
 
-    up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    notes = []
+    up = provider.wait_ssh(remote.provider_id, timeout=30, progress=notes.append, interval=0.05)
+    proxy = Endpoint(PROXY_HOST, up.raw["ssh_port"], getpass.getuser())
     assert up.status == Status.RUNNING and up.spot is False
-    assert up.endpoint.host == up.raw["public_ipaddr"] and up.endpoint.host != PROXY_HOST  # the direct route
+    # The direct route (public_ipaddr + HostPort) is firewalled, as it often is: the proxy answers.
+    assert up.endpoint == proxy and any("proxy" in n for n in notes)
+    assert up.routes[0].host == up.raw["public_ipaddr"] and not tcp_open(up.routes[0], timeout=0.3)
     assert up.price_hr == pytest.approx(0.40 + DISK_HR, abs=1e-5)
-    assert up.stopped_price_hr == pytest.approx(DISK_HR, abs=1e-5)
+    assert up.stopped_price_hr == pytest.approx(DISK_HR, abs=1e-6) == up.raw["storage_total_cost"]
     assert ssh(up, key, "echo hi").strip() == "hi"
     ssh(up, key, f'echo {remote.provider_id} > "$HOME/keep.txt"')
     assert [r.label for r in provider.list()] == [LABEL]
@@ -119,11 +128,13 @@ def test_lifecycle_create_ssh_stop_start_destroy(fake, provider, keypair):
     provider.stop(remote.provider_id)
     stopped = provider.get(remote.provider_id)
     assert stopped.status == Status.STOPPED and stopped.endpoint is None
-    assert not tcp_open(up.endpoint)
+    assert not tcp_open(proxy)
     assert (fake.home(remote.provider_id) / "keep.txt").exists()
 
-    assert provider.start(remote.provider_id).status == Status.PENDING
+    # A start is accepted, then waits for its GPU (scheduling) before it runs.
+    assert provider.start(remote.provider_id).status == Status.SCHEDULING
     again = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    assert again.endpoint == proxy  # the proxy endpoint is the instance's for good
     assert ssh(again, key, 'cat "$HOME/keep.txt"').strip() == remote.provider_id
 
     provider.destroy(remote.provider_id)
@@ -133,17 +144,25 @@ def test_lifecycle_create_ssh_stop_start_destroy(fake, provider, keypair):
     provider.destroy(remote.provider_id)  # already gone: fine
 
 
-def test_wait_ssh_falls_back_to_the_proxy_only_when_the_direct_route_is_dead(tmp_path, keypair):
+def test_a_direct_route_that_answers_is_preferred(tmp_path, keypair):
     key, public = keypair
-    with FakeVast(tmp_path, direct_broken=True) as fake:
-        provider = make_provider(fake, tmp_path, direct_ssh_grace=0.3)
+    with FakeVast(tmp_path, direct_works=True) as fake:
+        provider = make_provider(fake, tmp_path)
         remote = provider.create(Request(name="x", gpu="4090"), LABEL, public)
-        notes = []
-        up = provider.wait_ssh(remote.provider_id, timeout=30, progress=notes.append, interval=0.05)
-        proxy = Endpoint(up.raw["ssh_host"], up.raw["ssh_port"], getpass.getuser())
-        assert up.endpoint == proxy and any("proxy" in n for n in notes)
-        assert proxy in provider.get(remote.provider_id).routes  # offered, for the ledger to keep
+        up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+        assert up.endpoint.host == up.raw["public_ipaddr"] and up.endpoint.host != PROXY_HOST
+        assert Endpoint(PROXY_HOST, up.raw["ssh_port"], getpass.getuser()) in up.routes  # offered too
         assert ssh(up, key, "echo hi").strip() == "hi"
+
+
+def test_the_route_is_chosen_afresh_each_time_nothing_is_kept_in_memory(fake, tmp_path, keypair):
+    """Each orch process is a new provider object: the ledger keeps the route, not the provider."""
+    remote = make_provider(fake, tmp_path).create(Request(name="x", gpu="4090"), LABEL, keypair[1])
+    first = make_provider(fake, tmp_path).wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    later = make_provider(fake, tmp_path)
+    chosen = later.reachable(later.get(remote.provider_id))
+    assert chosen.endpoint == first.endpoint and chosen.endpoint.host == PROXY_HOST
+    assert set(vars(later)) <= {"settings", "home", "_sdk"}, vars(later)  # no route state
 
 
 def test_spot_create_bids_the_live_minimum_plus_margin(fake, provider):
@@ -169,6 +188,12 @@ def test_outbid_spot_instance_shows_stopped_and_still_bills_storage(fake, provid
     assert now.status == Status.STOPPED and now.spot is True and now.endpoint is None
     assert now.stopped_price_hr == pytest.approx(DISK_HR, abs=1e-5)
     assert not tcp_open(up.endpoint)
+    # A start without a winning bid waits in scheduling while the higher bid holds the GPU ...
+    assert provider.start(remote.provider_id).status == Status.SCHEDULING
+    assert provider.get(remote.provider_id).status == Status.SCHEDULING
+    # ... and raising the bid above it (the SDK's change_bid) wins the GPU back.
+    sdk(fake).change_bid(int(remote.provider_id), price=1.0)
+    assert provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
 
 
 def test_a_hand_picked_offer_is_rented(fake, provider):
@@ -244,14 +269,110 @@ def test_listing_follows_every_page_and_keeps_only_orch_labels(tmp_path):
         assert len(fake.calls("GET", r"^/api/v1/instances/$")) == 3
 
 
-def test_a_refused_start_says_the_disk_is_safe(fake, provider):
+def test_a_start_is_accepted_then_waits_for_the_gpu_until_it_is_given_up(fake, provider):
+    """Vast sends no resources_unavailable: the start is accepted and the instance schedules."""
     remote = provider.create(Request(name="x", gpu="4090"), LABEL, "ssh-ed25519 AAAA x")
     provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
     provider.stop(remote.provider_id)
-    fake.refuse_start()
-    with pytest.raises(StartRefused, match="disk is kept"):
-        provider.start(remote.provider_id)
-    assert provider.get(remote.provider_id).status == Status.STOPPED
+    fake.gpu_taken(remote.provider_id)  # someone else rents the host's GPU meanwhile, for good
+    shown = provider.start(remote.provider_id)
+    assert shown.status == Status.SCHEDULING and "scheduling" in shown.detail
+    assert all(provider.get(remote.provider_id).status == Status.SCHEDULING for _ in range(5))
+    assert shown.stopped_price_hr == pytest.approx(DISK_HR, abs=1e-6) and shown.endpoint is None
+    with pytest.raises(SSHError, match="did not answer"):  # a wait for SSH does not run it either
+        provider.wait_ssh(remote.provider_id, timeout=0.3, interval=0.05)
+    provider.stop(remote.provider_id)  # the way to give up
+    assert provider.get(remote.provider_id).status == Status.STOPPED and fake.live()
+
+    fake.gpu_taken(remote.provider_id, polls=3)  # this time it frees after a while
+    assert provider.start(remote.provider_id).status == Status.SCHEDULING
+    assert provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
+
+
+@pytest.mark.parametrize("state", ["exited", "offline", "unknown", "frozen"])
+def test_states_that_will_not_run_by_themselves_are_broken_and_priced_running(fake, provider, keypair, state):
+    remote = provider.create(Request(name="x", gpu="4090"), LABEL, keypair[1])
+    up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    fake.crash(remote.provider_id, state)
+    now = provider.get(remote.provider_id)
+    assert now.status == Status.BROKEN and now.detail.startswith(state) and now.endpoint is None
+    assert now.price_hr == up.price_hr  # billed as running (frozen: "GPU charges apply")
+    with pytest.raises(SSHError, match=state):
+        provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)  # at once, not after the timeout
+    assert [r.status for r in provider.list()] == [Status.BROKEN]
+    provider.destroy(remote.provider_id)
+    assert fake.live() == []
+
+
+def test_a_stopped_price_without_storage_total_cost_uses_vasts_720_hour_month(fake, provider):
+    remote = provider.create(Request(name="x", gpu="4090", disk_gb=36), LABEL, "ssh-ed25519 AAAA x")
+    row = fake.instances[int(remote.provider_id)]
+    assert provider.get(remote.provider_id).stopped_price_hr == pytest.approx(0.15 * 36 / 720, abs=1e-6)
+    row["storage_total_cost"] = 0.0123  # the instance's own figure wins where it is given
+    assert provider.get(remote.provider_id).stopped_price_hr == 0.0123
+    del row["storage_total_cost"]
+    assert provider.get(remote.provider_id).stopped_price_hr == pytest.approx(0.15 * 36 / 720)
+
+
+# -- create: a just-taken offer, an error that made an instance, a slow create ------------------
+def test_without_cancel_unavail_a_just_taken_offer_makes_a_stopped_instance(fake):
+    """Why the provider always sends cancel_unavail: the fake reproduces Vast's default."""
+    fake.take_after_search(1001)
+    client = sdk(fake)
+    client.search_offers(query={"id": {"eq": 1001}}, no_default=True)
+    answer = client.create_instance(1001, image="img", disk=20, label=LABEL)
+    assert answer["success"] is True
+    [made] = fake.live()
+    assert (made["id"], made["intended_status"], made["actual_status"]) == (answer["new_contract"], "stopped",
+                                                                           "stopped")
+
+
+def test_a_just_taken_offer_creates_nothing_and_the_next_offer_is_rented(fake, provider):
+    fake.take_after_search(1001)
+    remote = provider.create(Request(name="x", gpu="4090"), LABEL, "ssh-ed25519 AAAA x")
+    assert [c.path for c in fake.calls("PUT", r"/asks/")] == ["/api/v0/asks/1001/", "/api/v0/asks/1007/"]
+    assert [i["machine_id"] for i in fake.live()] == [1507] and remote.provider_id == str(fake.live()[0]["id"])
+
+
+def test_a_just_taken_hand_picked_offer_creates_nothing(fake, provider):
+    fake.take_after_search(1001)
+    with pytest.raises(NoCapacity, match="taken"):
+        provider.create(Request(name="x", offer="1001"), LABEL, "ssh-ed25519 AAAA x")
+    assert fake.live() == [] and len(fake.calls("PUT", r"/asks/")) == 1
+
+
+def test_an_error_that_carries_new_contract_is_an_instance_destroyed_not_dropped(fake, provider):
+    fake.min_bid_rises_after_search(1001, 0.50)  # the bid made from the search is now too low
+    remote = provider.create(Request(name="x", gpu="4090", spot=True), LABEL, "ssh-ed25519 AAAA x")
+    first, second = fake.calls("PUT", r"/asks/")
+    assert first.path == "/api/v0/asks/1001/" and second.path == "/api/v0/asks/1007/"
+    made = [iid for iid, row in fake.instances.items() if row["machine_id"] == 1501]
+    assert len(made) == 1 and fake.calls("DELETE", rf"/instances/{made[0]}/$"), "the id was dropped"
+    assert [i["id"] for i in fake.live()] == [int(remote.provider_id)]
+
+
+def test_a_create_error_that_made_an_instance_and_cannot_destroy_it_names_it(fake, provider):
+    fake.min_bid_rises_after_search(1001, 0.50)
+    fake.inject(500, "<html>500</html>", method="DELETE", times=100)
+    with pytest.raises(ProviderError, match=r"7000001.*still bills") as err:
+        provider.create(Request(name="x", offer="1001", spot=True), LABEL, "ssh-ed25519 AAAA x")
+    assert "vastai destroy instance 7000001" in str(err.value)
+    assert [i["id"] for i in fake.live()] == [7000001]  # still there: the caller's lookup by label finds it
+
+
+def test_a_create_is_allowed_the_sdks_120_s_not_the_ordinary_timeout(fake, tmp_path):
+    provider = make_provider(fake, tmp_path, http_timeout=0.3)
+    real = fake.handle
+
+    def slow(method, path, *rest):
+        if method == "PUT" and path.startswith("/api/v0/asks/"):
+            time.sleep(1.0)  # longer than http_timeout, well inside create_timeout
+        return real(method, path, *rest)
+
+    fake.handle = slow
+    provider.create(Request(name="x", gpu="4090"), LABEL, "ssh-ed25519 AAAA x")
+    assert len(fake.calls("PUT", r"/asks/")) == 1 and len(fake.live()) == 1
+    assert provider._sdk.client.timeout == 0.3  # and the ordinary calls keep theirs
 
 
 def test_key_and_url_from_the_environment_after_the_sdk_was_imported(fake, tmp_path, monkeypatch):

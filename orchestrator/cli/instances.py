@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -48,31 +49,15 @@ def up(
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
-    from orchestrator import plugins, training
-    from orchestrator import policy as policies
-    from orchestrator.lifecycle import check_name, check_request
-    from orchestrator.provider import Request
+    from orchestrator import config, plugins, training
 
-    check_name(name)
-    policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
-                                 rebuild_cost=rebuild_cost)
-    if ssh_timeout is not None and not 0 < ssh_timeout <= 24 * 60:
-        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {ssh_timeout}")
-    spec = None
-    if data is not None or resume:
-        if not data:
-            raise UsageError("--data needs a dataset folder or hf://ORG/REPO/FILE.tar" if data is not None else
-                             "--resume needs --data (the dataset the run trains on)")
-        spec = training.TrainSpec(data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
-                                  save_period=save_period, train_args=training.parse_train_args(train_arg or []),
-                                  push_to=push_to, resume=resume)
-        training.check_spec(spec)
-    else:
-        _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
-    check_request(name, Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
-                                image=image, spot=spot, bid=bid, offer=offer))
-    if provider is not None:
-        plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
+    policy, spec, request = check_up_options(
+        name, provider=provider, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer,
+        ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
+        save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
+        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
+    if resume:
+        refuse_reached(config.home() / "runs" / name, epochs)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
@@ -86,9 +71,8 @@ def up(
         training.prepare(spec, orch.home, say)
         if disk is None:
             disk, why = training.disk_for(spec)
+            request = replace(request, disk_gb=disk)
             say(f"      disk: {why}")
-    request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
-                      image=image, spot=spot, bid=bid, offer=offer)
     if cheapest:
         from orchestrator import offers
 
@@ -105,6 +89,54 @@ def up(
         _summary(inst, as_json)
         return
     _after_launch(orch, inst, holder["run"], wait, as_json)
+
+
+def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,
+                     epochs, imgsz, batch, save_period, train_arg, push_to, resume, idle_minutes, max_hours, on_idle,
+                     rebuild_cost, need_data: bool = False):
+    """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
+    training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
+    options (``need_data``: training is what it is for) and checks them here too."""
+    from orchestrator import plugins, training
+    from orchestrator import policy as policies
+    from orchestrator.lifecycle import check_name, check_request
+    from orchestrator.provider import Request
+
+    check_name(name)
+    policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
+                                 rebuild_cost=rebuild_cost)
+    if ssh_timeout is not None and not 0 < ssh_timeout <= 24 * 60:
+        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {ssh_timeout}")
+    spec = None
+    if data is not None or resume or need_data:
+        if not data:
+            raise UsageError("--data needs a dataset folder or hf://ORG/REPO/FILE.tar" if data is not None or need_data
+                             else "--resume needs --data (the dataset the run trains on)")
+        spec = training.TrainSpec(data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
+                                  save_period=save_period, train_args=training.parse_train_args(train_arg or []),
+                                  push_to=push_to, resume=resume)
+        training.check_spec(spec)
+    else:
+        _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
+    request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
+                      image=image, spot=spot, bid=bid, offer=offer)
+    check_request(name, request)
+    if provider is not None:
+        cls = plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
+        if spot and not cls.capabilities.spot:
+            raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+    return policy, spec, request
+
+
+def refuse_reached(folder, epochs: int) -> None:
+    """--resume to --epochs the pulled run already reached is refused up front, with the epoch it
+    reached (its status.json and metrics.jsonl say so, without torch here)."""
+    from orchestrator.jobs import pulled_epoch
+
+    reached = pulled_epoch(folder)
+    if reached is not None and reached >= epochs:
+        raise UsageError(f"the run already reached epoch {reached} of {epochs} (pulled in {folder}): resume with "
+                         f"--epochs above {reached}")
 
 
 def _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model) -> None:
@@ -243,8 +275,14 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
 
     orch = open_orch()
     inst = orch.instance(name)
-    if not inst.ssh_host or not inst.host_key:
+    if not inst.ssh_host:
         raise UsageError(f"{name} has no SSH endpoint yet ({inst.state})")
+    if not inst.host_key:
+        # Nothing pinned yet (an instance `orch reconcile` adopted): first contact pins its key, as
+        # every orch connection does, before ssh is told to trust only that key.
+        with orch.connect(inst):
+            pass
+        inst = orch.ledger.get(inst.id)
     user = remote.check_user(inst.ssh_user or "root")
     known = orch.home / "known_hosts"
     known.write_text(f"{remote.host_id(inst.ssh_host, inst.ssh_port)} {inst.host_key}\n")

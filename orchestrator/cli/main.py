@@ -30,12 +30,12 @@ def main() -> None:
 def run() -> None:
     import typer
 
-    from orchestrator.cli import instances, offers, reaper, reconcile, check, data, db, demo  # noqa: F401,I001  (their commands, in help order)
+    from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
     from orchestrator.cli.app import app, one_line
     from orchestrator.errors import OrchError
 
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="orch")  # named, not "python -m orchestrator": completion keys on it
     except OrchError as e:
         print(f"orch: error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -48,20 +48,25 @@ def reap(
     force: bool = typer.Option(False, "--force", help="Destroy even where the weights could not be pulled."),
 ):
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
-    from orchestrator import reaper
+    from orchestrator import jobs, reaper
 
     if not 1 <= interval <= 86400:
         raise UsageError(f"--interval must be between 1 and 86400 seconds, not {interval:g}")
     orch = open_orch(actor=reaper.ACTOR)
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
-        outcomes = reaper.reap(orch, dry_run=dry_run, force=force)
+        advanced = []  # every job, one look each, at the end of the pass (under its lock)
+        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, after=lambda: advanced.extend(jobs.advance_all(orch)))
         if as_json:
             emit_json([o.to_dict() for o in outcomes])
         else:
             if watch:
                 console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
             _outcomes_table(outcomes, dry_run)
+            from rich.markup import escape
+
+            for j in advanced:
+                console().print(f"job {j['name']}: {j['state']}" + (f" ({escape(j['reason'])})" if j["reason"] else ""))
         if not watch:
             return
         # An instance whose idle time runs out before the next pass gets a pass right then.

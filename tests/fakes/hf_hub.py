@@ -203,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._create_repo(json.loads(body))
         if parts[0] == "api" and len(parts) >= 6 and parts[1] in _TYPES:
             repo_type, repo_id, action = _TYPES[parts[1]], f"{parts[2]}/{parts[3]}", parts[4]
-            revision = "/".join(parts[5:])
+            # parts[5:] is the revision: the fake keeps one, main
             if action == "preupload" and m == "POST":
                 return self._preupload(repo_type, repo_id, json.loads(body))
             if action == "commit" and m == "POST":

@@ -5,8 +5,28 @@ Faithful to /work/shared/reference/providers.md where tests can tell: POST /grap
 that pod), errors in ``errors`` (HTTP 200 for refusals, 500 for "Something went wrong", 400 for
 queries that do not parse or ask for fields that do not exist), 429 with an HTML body, ``runtime``
 null until the "container" is up and then a private port-22 entry listed before the public one.
-A pod's ``home/`` stands for its volume disk (``/workspace``): a stop keeps it, unless the pod has
-no volume (CPU pods), whose container disk a stop wipes.
+Pods are tests/fakes/hosts.py containers: a stop clears the container disk and keeps the volume
+(``/workspace``), RunPod's images make new SSH host keys at every start. What else it models, and
+where that is written:
+
+- **CPU pods have no volume** (REST v2 openapi in runpod/docs, CreatePodRequest: "CPU pods support
+  container disk and network volumes only"; PersistentMount: "Disallowed on CPU pods";
+  ``deployCpuPodInput`` takes no ``volumeInGb``). They stop and start like GPU pods (REST v2
+  ``POST /pods/{id}/action``: a stop releases "GPU/CPU compute"), and keep nothing across it.
+- **Spot pods are gone**: ``podRentInterruptable`` and ``podBidResume`` were removed from the API
+  on 2026-09-11 (runpodctl PR #267; gpuhunt commit 249b01c): asked for, they are what GraphQL
+  answers for any field the schema lacks, a validation error.
+- **CUDA**: a pod lands on a host whose driver reports some CUDA version; created without
+  ``allowedCudaVersions`` (or ``minCudaVersion``, which dstack sends) it may land on an old one
+  (``host_cudas[0]``, by default older than the default image's CUDA: omitting the filter is
+  caught). There a GPU container whose image needs a newer CUDA never starts ("OCI runtime create
+  failed", docs pods/manage-pods): ``desiredStatus`` RUNNING, ``runtime`` null, for ever. Matching
+  is exact (REST v2 openapi, CreateGpuConfig.allowedCudaVersions); no host in the list is a
+  capacity error. The fake reads the CUDA an image needs from its tag (``cuda12.4.1``,
+  ``cu1281``); the real runtime reads the image's ``NVIDIA_REQUIRE_CUDA``.
+- **Listing lag**: a new pod may be missing from ``myself { pods }`` for a while (Transformer
+  Lab's client, api/transformerlab/compute_providers/runpod.py, retries its lookup "to absorb
+  listing lag"; runpodctl issue #172 for the 500 after the pod was made).
 
     with FakeRunPod(tmp_path) as fake:       # or the ``fake_runpod`` fixture
         os.environ["RUNPOD_API_BASE_URL"] = fake.url
@@ -41,6 +61,11 @@ NOT_ENOUGH_GPUS = "There are not enough free GPUs on the host machine to start t
 SOMETHING_WRONG = "Something went wrong. Please try again later or contact support."
 RATE_LIMIT_HTML = "<html><head><title>429 Too Many Requests</title></head><body>Too Many Requests</body></html>"
 
+# The CUDA versions of the hosts a GPU pod may land on, in the order RunPod would place one that
+# names no CUDA: the first is older than the default image's 12.4 (see the module's docstring).
+HOST_CUDAS = ["11.8", "12.8"]
+_IMAGE_CUDA = re.compile(r"(?:^|[^a-z0-9])(?:cuda[-_:]?|cu)(\d{2})\.?(\d)")
+
 DEFAULT_GPUS = [
     {"id": "NVIDIA GeForce RTX 4090", "displayName": "RTX 4090", "memoryInGb": 24, "maxGpuCount": 8,
      "securePrice": 0.69, "communityPrice": 0.34, "minimumBidPrice": 0.20, "stockStatus": "High"},
@@ -61,15 +86,16 @@ DEFAULT_GPUS = [
 _COMMON = {"name", "imageName", "cloudType", "containerDiskInGb", "dataCenterId", "networkVolumeId",
            "volumeMountPath", "ports", "env", "startSsh", "startJupyter", "templateId", "dockerArgs",
            "countryCode", "minDownload", "minUpload", "supportPublicIp", "deployCost", "terminateAfter"}
+# ``minCudaVersion``: dstack sends it on podFindAndDeployOnDemand (src/dstack/_internal/core/
+# backends/runpod/api_client.py); podResume takes allowedCudaVersions (docs sdks/graphql/manage-pods).
 _GPU = _COMMON | {"gpuTypeId", "gpuCount", "volumeInGb", "minVcpuCount", "minMemoryInGb",
-                  "allowedCudaVersions", "cudaVersion", "stopAfter", "volumeKey"}
+                  "allowedCudaVersions", "minCudaVersion", "cudaVersion", "stopAfter", "volumeKey"}
+# No podRentInterruptable, no podBidResume: removed on 2026-09-11 (see the module's docstring).
 INPUTS = {
     "podFindAndDeployOnDemand": ("PodFindAndDeployOnDemandInput", _GPU),
-    "podRentInterruptable": ("PodRentInterruptableInput", _GPU | {"bidPerGpu"}),
     "deployCpuPod": ("deployCpuPodInput", _COMMON | {"instanceId", "volumeKey"}),
     "podStop": ("PodStopInput", {"podId", "incrementVersion"}),
-    "podResume": ("PodResumeInput", {"podId", "gpuCount", "syncMachine"}),
-    "podBidResume": ("PodBidResumeInput", {"podId", "bidPerGpu", "gpuCount"}),
+    "podResume": ("PodResumeInput", {"podId", "gpuCount", "syncMachine", "allowedCudaVersions"}),
     "podTerminate": ("PodTerminateInput", {"podId"}),
 }
 
@@ -218,11 +244,10 @@ def project(value: Any, selections: list[Field] | None, type_name: str) -> Any:
 class Pod:
     id: str
     name: str
-    pod_type: str  # RESERVED or INTERRUPTABLE
+    pod_type: str  # RESERVED (on-demand): INTERRUPTABLE (spot) pods are gone
     gpu_type: dict | None
     gpu_count: int
     cost_per_hr: float
-    bid: float | None
     image: str
     env: dict[str, str]
     volume_gb: int
@@ -237,6 +262,9 @@ class Pod:
     port: int = 0
     private_port: int = 0
     late_polls: int = 0  # polls left with runtime null
+    host_cuda: str | None = None  # the CUDA its host's driver reports (GPU pods)
+    stuck: bool = False  # its container never starts (a driver older than the image's CUDA)
+    hidden_listings: int = 0  # listings of ``myself { pods }`` left that do not show it yet
     gone_polls: int = 0  # polls left showing TERMINATED before the pod vanishes
     started: float = field(default_factory=time.time)
     changed: float = field(default_factory=time.time)
@@ -249,10 +277,13 @@ def _pod_id() -> str:
 class FakeRunPod:
     """Knobs: ``fail_create_after`` (next N creates make the pod, then answer 500),
     ``rate_limited`` (next N requests get 429 HTML), ``fail_listing`` (next N listings fail;
-    ``listing_failure`` "error" or "null"), ``no_capacity`` (next N creates refused),
-    ``refuse_resume`` (next N resumes refused), ``terminate_ignored`` (next N podTerminate
-    answer as usual and do nothing, as ``terminate_pod`` cannot tell), ``runtime_delay`` (polls with ``runtime`` null
-    after each (re)start), ``terminate_lag`` (polls a terminated pod still shows), ``preempt()``.
+    ``listing_failure`` "error" or "null"), ``listing_lag`` (a new pod is missing from the next N
+    listings), ``no_capacity`` (next N creates refused), ``refuse_resume`` (next N resumes refused),
+    ``fail_stop`` / ``fail_terminate`` (next N podStop / podTerminate answer 500 and do nothing),
+    ``terminate_ignored`` (next N podTerminate answer as usual and do nothing, as ``terminate_pod``
+    cannot tell), ``runtime_delay`` (polls with ``runtime`` null after each (re)start),
+    ``terminate_lag`` (polls a terminated pod still shows), ``host_cudas`` (see HOST_CUDAS),
+    ``image_files`` (files every new pod's image has, as hosts.py writes them: a broken tool).
     ``queries`` holds every query received, in order."""
 
     def __init__(self, root: Path, gpus: list[dict] | None = None, runtime_delay: int = 2,
@@ -271,6 +302,11 @@ class FakeRunPod:
         self.no_capacity = 0
         self.refuse_resume = 0
         self.terminate_ignored = 0
+        self.listing_lag = 0
+        self.fail_stop = 0
+        self.fail_terminate = 0
+        self.host_cudas = list(HOST_CUDAS)
+        self.image_files: dict[str, dict] = {}
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -305,7 +341,7 @@ class FakeRunPod:
     def settings(self, **extra) -> dict[str, Any]:
         """Provider settings for this fake: its key, this machine's user, quick retries and polls."""
         return {"api_key": self.key, "ssh_user": getpass.getuser(), "retry_base": 0.01,
-                "poll_interval": 0.05, **extra}
+                "poll_interval": 0.05, "create_lookup_seconds": 5, **extra}
 
     def inputs(self, mutation: str) -> list[dict]:
         """The ``input`` of every ``mutation`` received, decoded as RunPod decodes it."""
@@ -325,13 +361,6 @@ class FakeRunPod:
         """Pods that exist (any state but terminated)."""
         with self._lock:
             return [p for p in self.pods.values() if p.status != "TERMINATED"]
-
-    def preempt(self, pod_id: str) -> None:
-        """What RunPod does to an outbid spot pod: kill it, keep its volume, show EXITED."""
-        with self._lock:
-            pod = self.pods[pod_id]
-            assert pod.pod_type == "INTERRUPTABLE", "only spot pods are preempted"
-            self._halt(pod)
 
     # -- HTTP -----------------------------------------------------------------------------
     def _serve(self, req: BaseHTTPRequestHandler) -> None:
@@ -392,7 +421,12 @@ class FakeRunPod:
                     if self.listing_failure == "null":
                         return None
                     raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
-                pods = [self._pod_view(p.id) for p in list(self.pods.values()) if p.status != "TERMINATED"]
+                pods = []
+                for p in list(self.pods.values()):
+                    if p.hidden_listings > 0:  # not listed yet (listing lag)
+                        p.hidden_listings -= 1
+                    elif p.status != "TERMINATED":
+                        pods.append(self._pod_view(p.id))
                 return project({"id": "user-1", "pods": pods}, f.selections, "User")
             raise GraphQLError(f'Cannot query field "{f.name}" on type "Query".', 400, "GRAPHQL_VALIDATION_FAILED")
         if f.name not in INPUTS:
@@ -406,7 +440,7 @@ class FakeRunPod:
             if key not in allowed:
                 raise GraphQLError(f'Field "{key}" is not defined by type "{type_name}".', 400,
                                    "GRAPHQL_VALIDATION_FAILED")
-        if f.name in ("podFindAndDeployOnDemand", "podRentInterruptable", "deployCpuPod"):
+        if f.name in ("podFindAndDeployOnDemand", "deployCpuPod"):
             self._check_scope(scope, None)
             return project(self._pod_view(self._create(f.name, given)), f.selections, "Pod")
         pod_id = given.get("podId")
@@ -462,7 +496,7 @@ class FakeRunPod:
         }
 
     def _runtime(self, pod: Pod) -> dict | None:
-        if pod.status != "RUNNING":
+        if pod.status != "RUNNING" or pod.stuck:
             return None
         if pod.late_polls > 0:  # RunPod's ports arrive late
             pod.late_polls -= 1
@@ -486,7 +520,7 @@ class FakeRunPod:
                 raise GraphQLError('Field "env" expects [EnvironmentVariableInput] {key, value}', 400,
                                    "GRAPHQL_VALIDATION_FAILED")
             env[item["key"]] = item["value"]
-        gpu, count, bid = None, 0, None
+        gpu, count, host_cuda = None, 0, None
         if mutation == "deployCpuPod":
             flavor = str(given.get("instanceId") or "cpu3c-2-4")
             m = re.fullmatch(r"cpu\d[a-z]-(\d+)-(\d+)", flavor)
@@ -501,31 +535,24 @@ class FakeRunPod:
                 raise GraphQLError(f"Could not find GPU type {given.get('gpuTypeId')!r}")
             count = int(given.get("gpuCount") or 1)
             vcpus, memory = 8 * count, 32 * count
-            if mutation == "podRentInterruptable":
-                bid = float(given.get("bidPerGpu") or 0)
-                floor = gpu.get("minimumBidPrice")
-                if floor is None:
-                    raise GraphQLError(NO_CAPACITY)
-                if bid < floor:
-                    raise GraphQLError(f"Your bid of ${bid}/GPU is below the current minimum bid of ${floor}/GPU.")
-                cost, pod_type = round(bid * count, 4), "INTERRUPTABLE"
-            else:
-                cloud = str(given.get("cloudType") or "ALL")
-                prices = {"SECURE": [gpu.get("securePrice")], "COMMUNITY": [gpu.get("communityPrice")]}.get(
-                    cloud, [gpu.get("securePrice"), gpu.get("communityPrice")])
-                prices = [p for p in prices if p]
-                if not prices:
-                    raise GraphQLError(NO_CAPACITY)
-                cost, pod_type = round(min(prices) * count, 4), "RESERVED"
+            cloud = str(given.get("cloudType") or "ALL")
+            prices = {"SECURE": [gpu.get("securePrice")], "COMMUNITY": [gpu.get("communityPrice")]}.get(
+                cloud, [gpu.get("securePrice"), gpu.get("communityPrice")])
+            prices = [p for p in prices if p]
+            if not prices:
+                raise GraphQLError(NO_CAPACITY)
+            cost, pod_type = round(min(prices) * count, 4), "RESERVED"
+            host_cuda = self._place(given)
         pod_id = _pod_id()
         root = self.root / pod_id
         root.mkdir(parents=True)
         volume = int(given.get("volumeInGb") or 0)
         pod = Pod(id=pod_id, name=str(given["name"]), pod_type=pod_type, gpu_type=gpu, gpu_count=count,
-                  cost_per_hr=cost, bid=bid, image=str(given.get("imageName") or ""), env=env,
+                  cost_per_hr=cost, image=str(given.get("imageName") or ""), env=env,
                   volume_gb=volume, container_gb=int(given.get("containerDiskInGb") or 0),
                   mount=given.get("volumeMountPath") if volume else None, root=root,
-                  key="rpa_pod_" + secrets.token_hex(12), vcpus=vcpus, memory_gb=memory)
+                  key="rpa_pod_" + secrets.token_hex(12), vcpus=vcpus, memory_gb=memory, host_cuda=host_cuda,
+                  hidden_listings=self.listing_lag)
         self.pods[pod_id] = pod
         self._boot(pod)
         if self.fail_create_after > 0:  # RunPod has answered 500 after making the pod
@@ -533,9 +560,25 @@ class FakeRunPod:
             raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
         return pod_id
 
+    def _place(self, given: dict) -> str:
+        """The CUDA of the host a GPU pod lands on: the first whose version the create allows
+        (exact match) or reaches the floor; with no filter, the first host, however old."""
+        allowed, floor = given.get("allowedCudaVersions"), given.get("minCudaVersion")
+        for cuda in self.host_cudas:
+            if allowed and cuda not in allowed:
+                continue
+            if floor and _version(cuda) < _version(str(floor)):
+                continue
+            return cuda
+        raise GraphQLError(NO_CAPACITY)
+
     def _boot(self, pod: Pod) -> None:
         pod.late_polls = self.runtime_delay
         pod.status, pod.started, pod.changed = "RUNNING", time.time(), time.time()
+        needs = _image_cuda(pod.image)
+        pod.stuck = bool(pod.gpu_count and pod.host_cuda and needs and _version(pod.host_cuda) < needs)
+        if pod.stuck:  # "OCI runtime create failed": it shows RUNNING, with no runtime, for ever
+            return
         runpod_env = {"RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.key, "RUNPOD_GPU_COUNT": str(pod.gpu_count),
                       # where "RunPod's API" is, seen from the pod
                       "RUNPOD_API_BASE_URL": self.url}
@@ -549,6 +592,7 @@ class FakeRunPod:
             pod.host = Host(pod.root, env=container_env, mount_path=pod.mount if pod.volume_gb else None,
                             keep_container_disk=False, new_host_keys_each_boot=True,
                             env_file="/etc/rp_environment", bashrc_tail="source /etc/rp_environment\n")
+            pod.host.files.update(self.image_files)
         pod.port = pod.private_port = free_port(pod.host.address)
         pod.host.env.update({"RUNPOD_PUBLIC_IP": pod.host.address, "RUNPOD_TCP_PORT_22": str(pod.port)})
         try:
@@ -562,7 +606,10 @@ class FakeRunPod:
         pod.status, pod.changed = "EXITED", time.time()
 
     def _podStop(self, pod: Pod, given: dict) -> None:  # noqa: N802 - named after the mutation
-        if pod.status == "RUNNING":
+        if self.fail_stop > 0:
+            self.fail_stop -= 1
+            raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
+        if pod.status == "RUNNING":  # CPU pods too: they have no volume, and keep nothing
             self._halt(pod)
 
     def _resume(self, pod: Pod, given: dict) -> None:
@@ -576,20 +623,14 @@ class FakeRunPod:
         self._boot(pod)
 
     def _podResume(self, pod: Pod, given: dict) -> None:  # noqa: N802
-        if pod.pod_type == "INTERRUPTABLE":
-            raise GraphQLError("Cannot resume a spot pod as an on demand pod.")
-        self._resume(pod, given)
-
-    def _podBidResume(self, pod: Pod, given: dict) -> None:  # noqa: N802
-        if pod.pod_type != "INTERRUPTABLE":
-            raise GraphQLError("Cannot resume an on demand pod as a spot pod.")
-        bid, floor = float(given.get("bidPerGpu") or 0), pod.gpu_type.get("minimumBidPrice")
-        if floor is None or bid < floor:
-            raise GraphQLError(f"Your bid of ${bid}/GPU is below the current minimum bid of ${floor}/GPU.")
-        pod.bid, pod.cost_per_hr = bid, round(bid * pod.gpu_count, 4)
+        # A stopped pod keeps its machine and resumes on the same host (REST v2 openapi, the pod's
+        # cudaVersion: "a stopped pod keeps its machine assignment"): the same CUDA as before.
         self._resume(pod, given)
 
     def _podTerminate(self, pod: Pod, given: dict) -> None:  # noqa: N802
+        if self.fail_terminate > 0:
+            self.fail_terminate -= 1
+            raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
         if self.terminate_ignored > 0:
             self.terminate_ignored -= 1
             return
@@ -597,6 +638,16 @@ class FakeRunPod:
             pod.host.destroy()
         shutil.rmtree(pod.root, ignore_errors=True)
         pod.status, pod.changed, pod.gone_polls = "TERMINATED", time.time(), self.terminate_lag
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def _image_cuda(image: str) -> tuple[int, int] | None:
+    m = _IMAGE_CUDA.search(image.lower())
+    return (int(m[1]), int(m[2])) if m else None
 
 
 @pytest.fixture

@@ -1,11 +1,49 @@
-"""A fake Vast.ai REST API on 127.0.0.1 whose instances are real sshd hosts.
+"""A fake Vast.ai REST API on 127.0.0.1 whose instances are real containers (tests/fakes/hosts.py).
 
-Faithful to /work/shared/reference/providers.md where the real SDK and orch's provider look:
-failures arrive as HTTP 200 with ``success: false``; the v1 listing pages by ``next_token``; an
-instance row carries a numeric ``start_date`` and ``extra_env`` pairs (the SDK crashes without
-them); ``ssh_host``/``ssh_port`` is a proxy, here an unconnectable loopback one, so only the
-direct route (``public_ipaddr`` + ``ports["22/tcp"]``) reaches the sshd. ``price`` in a create
-body is the bid: ``null`` rents on-demand, a number rents interruptible.
+It behaves, by default, as Vast.ai does. Where each behaviour comes from ("providers.md" is
+/work/shared/reference/providers.md, "issue 13" the project's issue that read these sources):
+
+- **Answers**: failures arrive as HTTP 200 with ``success: false`` (providers.md); the v1 listing
+  pages by ``next_token``; an instance row carries a numeric ``start_date`` and ``extra_env``
+  pairs (the SDK's ``show_instance`` indexes both: vastai/api/instances.py). ``price`` in a create
+  body is the bid: ``null`` rents on-demand, a number interruptible (vastai/api/instances.py
+  build_create_instance_payload).
+- **Status fields** (docs "show instance", VastAI.show_instance): ``actual_status`` is the
+  container (null, loading, running, stopped, frozen, exited, rebooting, unknown, offline),
+  ``intended_status`` what the user asked for (running, stopped, frozen), ``cur_state`` the
+  machine contract (running, stopped; unloaded once destroyed).
+- **SSH routes**: ``ssh_host``/``ssh_port`` is Vast's SSH proxy, here a ``hosts.Relay`` to the
+  container's sshd: it works. The direct route (``public_ipaddr`` + ``ports["22/tcp"]``) is
+  firewalled, a ``hosts.Silent`` port: the TCP handshake completes and no banner ever comes.
+  Issue 13 and providers.md ("Vast SSH"): the direct route is often blocked, the proxy works
+  (SkyPilot's Vast provisioner waits for and uses ``ssh_port``: sky/provision/vast/utils.py
+  get_ssh_ports). ``direct_works=True`` opens the direct route too.
+- **A start waits for its GPU**: it is accepted at once, then the instance shows *scheduling*
+  (intended running, no machine allocated: ``cur_state`` stopped) until its host's GPU is free,
+  possibly for ever; stopping it again is how one gives up (docs "vastai start instance": "If
+  your instance is stuck in the 'scheduling' state ... the required resources on the machine to
+  run your instance are currently unavailable"). There is no ``resources_unavailable`` refusal
+  of a start. ``scheduling_polls`` is how long it waits when the GPU is free (Vast shows the
+  state briefly every time); ``gpu_taken`` makes it wait longer, or for ever.
+- **States that still bill** (docs "show instance"; vastai SKILL.md): ``exited`` the container's
+  process died (the machine stays allocated: billed as running, providers.md); ``offline`` /
+  ``unknown`` the host dropped ("it will never reach running", SKILL.md's poll-loop warning);
+  ``frozen`` paused with its memory kept, "GPU charges apply". ``crash`` puts an instance in one.
+- **Outbid** interruptible instances stop, storage still billing (SKILL.md "Interruptible"), with
+  ``cur_state``, ``intended_status`` and ``next_state`` all stopped (dstack's Vast backend,
+  compute.py update_provisioning_data); raising the bid (``change_bid``) resumes it, through
+  scheduling; a start without a winning bid schedules until the higher bidder leaves.
+- **Create**: without ``cancel_unavail`` a create on an offer that cannot be scheduled (just
+  taken by someone else) makes a *stopped* instance instead of an error (the CLI's help for
+  ``--cancel-unavail``: "Return error if scheduling fails (rather than creating a stopped
+  instance)"). A bid below the offer's minimum makes a stopped instance *and* answers an error
+  that carries its ``new_contract`` (dstack's Vast client, api_client.py
+  VastAICreateInstanceError: "Vast.ai creates spot instances in the stopped state and returns an
+  error if the bid is insufficient"). Error codes for both are not documented: the ones here are
+  placeholders, and orch must not depend on them.
+- **Prices**: storage is priced over a 720-hour month (issue 13, from the OpenAPI show_instance
+  example: storage_cost × GB / 720 = dph_total − dph_base); rows carry ``storage_total_cost``
+  (the SDK's offer model has it: vastai/data/offer.py).
 
 The filter matcher is stricter than Vast: an unknown field, or a number sent as a string (what
 the SDK's ``parse_query`` does), matches nothing, so such a query finds no offer.
@@ -27,15 +65,18 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qsl, urlsplit
 
-from tests.fakes.hosts import Host, free_port
+from tests.fakes.hosts import Host, Relay, Silent, free_port
 
 HOST = "127.0.0.1"
-# Vast's SSH proxy, faked where nothing listens: a client that uses it never leaves loopback.
+# Vast's SSH proxy (sshN.vast.ai), faked on a loopback address of its own: never off 127.0.0.0/8.
 PROXY_HOST = "127.0.0.253"
-HOURS_PER_MONTH = 730.0
+# Vast prices storage per month of 720 hours (see the module's docstring).
+HOURS_PER_MONTH = 720.0
+# The states Vast shows for a host or container that will not run by itself (``crash``).
+CRASHES = ("exited", "offline", "unknown", "frozen")
 
 
 def _offer(id, gpu_name, dph_base, *, num_gpus=1, gpu_ram=24564, min_bid=None, storage_cost=0.15,
@@ -68,6 +109,10 @@ def default_offers() -> list[dict]:
         _offer(1009, "RTX 3090", 0.22, min_bid=0.10, storage_cost=0.10, geolocation="Poland, PL"),
         _offer(1010, "RTX 4090", 0.21, rentable=False),
     ]
+
+
+def storage_hr(storage_cost: float, disk_gb: float) -> float:
+    return round(storage_cost * disk_gb / HOURS_PER_MONTH, 6)
 
 
 @dataclass
@@ -124,23 +169,24 @@ def matches(row: dict, filters: dict) -> bool:
 
 
 class FakeVast:
-    """The fake server and its state. Knobs are plain attributes and the inject methods."""
+    """The fake server and its state. Knobs are plain attributes and the methods under "knobs"."""
 
     def __init__(self, tmp: Path, *, boot_polls: int = 2, destroy_polls: int = 1, page_limit: int | None = None,
-                 direct_broken: bool = False):
+                 direct_works: bool = False, scheduling_polls: int = 1):
         self.root = Path(tmp) / "vast"
         self.key = "vk-" + secrets.token_hex(12)
         self.offers: list[dict] = default_offers()
         self.boot_polls = boot_polls  # GETs an instance spends loading before it runs
         self.destroy_polls = destroy_polls  # GETs a destroyed instance still shows
         self.page_limit = page_limit  # caps the v1 listing's page size, to exercise next_token
-        # A host whose direct port is firewalled: only the proxy (here the sshd itself) answers.
-        self.direct_broken = direct_broken
+        self.direct_works = direct_works  # False: the direct SSH route is firewalled (Vast as it is)
+        self.scheduling_polls = scheduling_polls  # GETs a start shows scheduling when its GPU is free
         self.requests: list[Recorded] = []
         self.instances: dict[int, dict] = {}
-        self._private: dict[int, dict] = {}  # per instance: sshd root, container key, polls...
+        self._private: dict[int, dict] = {}  # per instance: its host, routes, container key, polls...
         self._faults: list[Fault] = []
-        self._start_refusals = 0
+        self._after_search: list[Callable[[], None]] = []
+        self._taken: set[int] = set()  # offers rented by someone else since a search showed them
         self._next_id = 7_000_001
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -164,8 +210,7 @@ class FakeVast:
             self._server.shutdown()
             self._server.server_close()
         for own in list(self._private.values()):
-            if own.get("host") is not None:
-                own["host"].destroy()
+            self._release(own)
 
     @property
     def url(self) -> str:
@@ -205,17 +250,54 @@ class FakeVast:
         self.inject(200, {"success": False, "error": "internal_error", "msg": "Listing temporarily unavailable."},
                     method="GET", path=r"^/api/v1/instances/$", times=times)
 
-    def refuse_start(self, times: int = 1) -> None:
-        """The next ``times`` starts answer resources_unavailable (HTTP 200, success false)."""
-        self._start_refusals += times
+    def gpu_taken(self, instance_id: int | str, *, polls: int | None = None, seconds: float | None = None) -> None:
+        """Someone else has this instance's GPU: its (next) start waits in scheduling for ``polls``
+        GETs or ``seconds``, or, given neither, for ever (until ``free_gpu``)."""
+        with self._lock:
+            self._private[int(instance_id)]["gpu"] = {
+                "polls": polls, "until": time.monotonic() + seconds if seconds is not None else None}
 
-    def outbid(self, instance_id: int | str) -> None:
-        """Someone bid more: the instance stops, its storage keeps billing."""
+    def free_gpu(self, instance_id: int | str) -> None:
+        with self._lock:
+            own = self._private[int(instance_id)]
+            own["gpu"], own["rival"] = {"polls": 0, "until": None}, None
+
+    def take_after_search(self, offer_id: int) -> None:
+        """Right after the next offer search answers, someone else rents this offer's machine: the
+        search showed it, a create on it cannot be scheduled (what ``cancel_unavail`` is for)."""
+        self._after_search.append(lambda: self._taken.add(offer_id))
+
+    def min_bid_rises_after_search(self, offer_id: int, min_bid: float) -> None:
+        """Right after the next offer search answers, the offer's minimum bid rises: a bid made
+        from that answer is now too low."""
+        offer = next(o for o in self.offers if o["id"] == offer_id)
+        self._after_search.append(lambda: offer.update(min_bid=min_bid))
+
+    def outbid(self, instance_id: int | str, by: float | None = None) -> None:
+        """Someone bids more (``by`` $/h): the instance stops, its storage keeps billing, and the
+        GPU is the higher bidder's until it leaves (``free_gpu``) or this bid beats it."""
+        iid = int(instance_id)
+        with self._lock:
+            own = self._private[iid]
+            self._kill(iid)
+            own["rival"] = by if by is not None else round((own["bid"] or own["offer"]["min_bid"]) * 1.5 + 0.01, 4)
+            self.instances[iid].update(intended_status="stopped", next_state="stopped", cur_state="stopped",
+                                       actual_status="stopped", status_msg="outbid", ports={})
+
+    def crash(self, instance_id: int | str, state: str = "exited") -> None:
+        """The container's process dies (``exited``), the host drops off (``offline``, ``unknown``)
+        or the instance is paused (``frozen``): nothing answers SSH, and it still bills."""
+        if state not in CRASHES:
+            raise ValueError(f"crash state must be one of {CRASHES}")
         iid = int(instance_id)
         with self._lock:
             self._kill(iid)
-            self.instances[iid].update(actual_status="stopped", cur_state="stopped", status_msg="outbid",
-                                       ports={})
+            row = self.instances[iid]
+            row.update(actual_status=state, ports={}, status_msg={
+                "exited": "Container exited with code 1", "offline": None, "unknown": None,
+                "frozen": "Instance frozen"}[state])
+            if state == "frozen":
+                row.update(intended_status="frozen", next_state="frozen")
 
     # -- helpers for tests -----------------------------------------------------------------
     def home(self, instance_id: int | str) -> Path:
@@ -229,7 +311,12 @@ class FakeVast:
         return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
 
     def live(self) -> list[dict]:
-        return [i for i in self.instances.values() if i["intended_status"] != "destroyed"]
+        """The instances that exist (and bill), whatever their state."""
+        return [row for iid, row in self.instances.items() if not self._private[iid]["destroyed"]]
+
+    def scheduling(self, instance_id: int | str) -> bool:
+        row = self.instances[int(instance_id)]
+        return row["intended_status"] == "running" and row["cur_state"] == "stopped"
 
     # -- request handling ------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict, body: Any, auth: str | None):
@@ -263,7 +350,11 @@ class FakeVast:
             return 200, {"id": 4242, "username": "fake", "email": "tester@localhost", "credit": 25.0,
                          "balance": 0.0, "ssh_key": None}
         if path == "/api/v0/bundles/" and method == "POST":
-            return 200, {"offers": self._search(body or {})}
+            found = self._search(body or {})
+            hooks, self._after_search = self._after_search, []
+            for hook in hooks:
+                hook()
+            return 200, {"offers": found}
         if m := re.fullmatch(r"/api/v0/asks/(\d+)/", path):
             if method == "PUT":
                 return self._create(int(m[1]), body or {})
@@ -304,7 +395,8 @@ class FakeVast:
         q.pop("disable_bundling", None)
         found = []
         for offer in self.offers:
-            row = dict(offer, dph_total=round(offer["dph_base"] + offer["storage_cost"] * storage / HOURS_PER_MONTH, 6))
+            disk_hr = storage_hr(offer["storage_cost"], storage)
+            row = dict(offer, dph_total=round(offer["dph_base"] + disk_hr, 6), storage_total_cost=disk_hr)
             if matches(row, q):
                 found.append(row)
         for name, direction in reversed(order):
@@ -324,11 +416,54 @@ class FakeVast:
             return 200, {"success": False, "error": "invalid_args",
                          "msg": f"disk {disk} GB exceeds the {offer['disk_space']} GB this machine offers"}
         bid = body.get("price")
+        if offer_id in self._taken:
+            self._taken.discard(offer_id)
+            offer["rented"] = True  # someone else's now; the catalog catches up
+            if body.get("cancel_unavail"):
+                # The CLI's help: "Return error if scheduling fails". Its code is not documented.
+                return 200, {"success": False, "error": "resources_unavailable",
+                             "msg": f"Machine for offer {offer_id} is no longer available; not created "
+                                    "(cancel_unavail)."}
+            # "... rather than creating a stopped instance": it exists, bills its disk, and its GPU
+            # is the other renter's for as long as they keep it.
+            iid = self._new_instance(offer, body, bid, holds_offer=False)
+            self._private[iid]["gpu"] = {"polls": None, "until": None}
+            self.instances[iid].update(intended_status="stopped", next_state="stopped", cur_state="stopped",
+                                       actual_status="stopped")
+            return 200, {"success": True, "new_contract": iid}
+        offer["rented"] = True
+        iid = self._new_instance(offer, body, bid, holds_offer=True)
+        if bid is not None and bid < offer["min_bid"]:
+            # dstack's client: a bid that is too low still creates the instance, stopped, and the
+            # answer is an error carrying its id. (The code is not documented.)
+            self._private[iid]["rival"] = offer["min_bid"]
+            self.instances[iid].update(intended_status="stopped", next_state="stopped", cur_state="stopped",
+                                       actual_status="stopped", status_msg="outbid")
+            return 200, {"success": False, "error": "insufficient_bid", "new_contract": iid,
+                         "msg": f"Your bid {bid} is below the minimum bid {offer['min_bid']} for this machine."}
+        return 200, {"success": True, "new_contract": iid}
+
+    def _new_instance(self, offer: dict, body: dict, bid: float | None, holds_offer: bool) -> int:
         iid = self._next_id
         self._next_id += 1
-        offer["rented"] = True
-        storage_hr = offer["storage_cost"] * disk / HOURS_PER_MONTH
+        disk = float(body.get("disk") or 10)
         env = body.get("env") or {}
+        container_key = "ck-" + secrets.token_hex(12)
+        host_env = {k: str(v) for k, v in env.items()}
+        host_env.update({
+            "CONTAINER_ID": str(iid), "CONTAINER_API_KEY": container_key, "VAST_CONTAINERLABEL": f"C.{iid}",
+            # Real containers have no VAST_URL; here it keeps self-stop calls on this fake.
+            "VAST_URL": self.url,
+        })
+        # A Vast.ai instance keeps its whole disk across a stop; the container's environment is not
+        # exported to SSH sessions (hosts.py).
+        host = Host(self.root / str(iid), env=host_env, keep_container_disk=True)
+        silent = Silent(host.address)  # the firewalled direct port (bound first: the sshd's port differs)
+        port = free_port(host.address)
+        relay = Relay((host.address, port), address=PROXY_HOST)
+        direct = port if self.direct_works else silent.port
+        host.env.update({"PUBLIC_IPADDR": host.address, "VAST_TCP_PORT_22": str(direct)})
+        disk_hr = storage_hr(offer["storage_cost"], disk)
         self.instances[iid] = {
             "id": iid, "machine_id": offer["machine_id"], "host_id": offer["host_id"],
             "actual_status": None, "intended_status": "running", "cur_state": "running",
@@ -336,11 +471,11 @@ class FakeVast:
             "num_gpus": offer["num_gpus"], "gpu_name": offer["gpu_name"], "gpu_ram": offer["gpu_ram"],
             "gpu_totalram": offer["gpu_total_ram"], "cpu_cores": offer["cpu_cores"], "cpu_ram": offer["cpu_ram"],
             "image_uuid": body["image"], "image_runtype": body.get("runtype"), "onstart": body.get("onstart"),
-            "ssh_host": PROXY_HOST, "ssh_port": free_port(PROXY_HOST), "ssh_idx": "253",
-            "public_ipaddr": HOST, "ports": {},
+            "ssh_host": PROXY_HOST, "ssh_port": relay.port, "ssh_idx": "253",
+            "public_ipaddr": host.address, "ports": {},
             "is_bid": bid is not None, "min_bid": offer["min_bid"], "storage_cost": offer["storage_cost"],
-            "dph_base": offer["dph_base"],
-            "dph_total": round((bid if bid is not None else offer["dph_base"]) + storage_hr, 6),
+            "storage_total_cost": disk_hr, "dph_base": offer["dph_base"],
+            "dph_total": round((bid if bid is not None else offer["dph_base"]) + disk_hr, 6),
             "disk_space": disk, "start_date": time.time(), "end_date": None,
             "extra_env": [[k, str(v)] for k, v in env.items()],
             "geolocation": offer["geolocation"], "reliability2": offer["reliability"],
@@ -348,37 +483,64 @@ class FakeVast:
             "direct_port_count": offer["direct_port_count"], "cuda_max_good": offer["cuda_max_good"],
         }
         self._private[iid] = {
-            "root": self.root / str(iid), "container_key": "ck-" + secrets.token_hex(12),
-            "instance_id": f"vast{iid}-{uuid.uuid4().hex[:8]}", "port": None, "polls": 0, "gone_polls": 0,
-            "offer": offer, "bid": bid,
+            "host": host, "silent": silent, "relay": relay, "port": port, "direct": direct,
+            "container_key": container_key, "instance_id": f"vast{iid}-{uuid.uuid4().hex[:8]}",
+            "polls": 0, "gone_polls": 0, "offer": offer, "holds_offer": holds_offer, "bid": bid,
+            "gpu": None, "rival": None, "keys": [], "destroyed": False,
         }
-        self._private[iid]["keys"] = []
-        if bid is not None and bid < offer["min_bid"]:
-            self.instances[iid].update(actual_status="stopped", cur_state="stopped", status_msg="outbid")
-        return 200, {"success": True, "new_contract": iid}
+        return iid
+
+    def _advance(self, iid: int, look: bool) -> None:
+        """What time (and, for ``look``, one more GET of this instance) does to it."""
+        row, own = self.instances[iid], self._private[iid]
+        if own["destroyed"] or row["intended_status"] != "running":
+            return
+        if row["cur_state"] == "stopped":  # scheduling: waits for the host to free its GPU
+            if not self._gpu_free(own, look):
+                return
+            own["gpu"], own["polls"] = None, 0
+            row.update(cur_state="running", actual_status="loading", status_msg=None)
+        if look and row["cur_state"] == "running" and row["actual_status"] in (None, "loading"):
+            own["polls"] += 1
+            if own["polls"] >= self.boot_polls:
+                self._boot(iid)
+            else:
+                row["actual_status"] = "loading"
+
+    def _gpu_free(self, own: dict, look: bool) -> bool:
+        if own["rival"] is not None and (own["bid"] or 0) <= own["rival"]:
+            return False  # a higher bid holds the GPU
+        gpu = own["gpu"]
+        if gpu is None:
+            return True
+        if gpu["until"] is not None:
+            return time.monotonic() >= gpu["until"]
+        if gpu["polls"] is None:
+            return False  # for ever
+        if gpu["polls"] <= 0:
+            return True
+        if look:
+            gpu["polls"] -= 1
+        return False
 
     def _show(self, iid: int):
         row = self.instances.get(iid)
         if row is None:
             return 200, {"instances": None}
         own = self._private[iid]
-        if row["intended_status"] == "destroyed":
+        if own["destroyed"]:
             own["gone_polls"] += 1
             if own["gone_polls"] > self.destroy_polls:
                 return 200, {"instances": None}
             return 200, {"instances": copy.deepcopy(row)}
-        if row["cur_state"] == "running" and row["actual_status"] in (None, "loading"):
-            own["polls"] += 1
-            if own["polls"] >= self.boot_polls:
-                self._boot(iid)
-            else:
-                row["actual_status"] = "loading"
+        self._advance(iid, look=True)
         return 200, {"instances": copy.deepcopy(row)}
 
     def _list(self, query: dict):
         filters = query.get("select_filters") or {}
-        rows = [r for r in self.instances.values()
-                if r["intended_status"] != "destroyed" and matches(r, filters)]
+        for iid in list(self.instances):
+            self._advance(iid, look=False)
+        rows = [r for r in self.live() if matches(r, filters)]
         rows.sort(key=lambda r: r["id"])
         after = query.get("after_token")
         if after:
@@ -391,99 +553,102 @@ class FakeVast:
         return 200, {"instances": copy.deepcopy(page), "next_token": token,
                      "total_instances": len(self.live())}
 
-    def _update(self, iid: int, body: dict):
+    def _found(self, iid: int) -> dict | None:
         row = self.instances.get(iid)
-        if row is None or row["intended_status"] == "destroyed":
+        return None if row is None or self._private[iid]["destroyed"] else row
+
+    def _update(self, iid: int, body: dict):
+        row = self._found(iid)
+        if row is None:
             return 404, {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
+        own = self._private[iid]
         if "label" in body:
             row["label"] = body["label"]
         state = body.get("state")
         if state == "stopped":
             self._kill(iid)
-            row.update(intended_status="stopped", cur_state="stopped", actual_status="exited", ports={})
-        elif state == "running" and row["actual_status"] not in ("running", "loading"):
-            if self._start_refusals:
-                self._start_refusals -= 1
-                return 200, {"success": False, "error": "resources_unavailable",
-                             "msg": "Required resources are currently unavailable on this machine."}
-            self._private[iid]["polls"] = 0
-            row.update(intended_status="running", cur_state="running", actual_status="loading", status_msg=None)
-        elif state not in (None, "running"):
+            own["gpu"] = None  # the stop gives up any wait for the GPU
+            row.update(intended_status="stopped", next_state="stopped", cur_state="stopped", actual_status="stopped",
+                       status_msg=None, ports={})
+        elif state == "running":
+            running = row["intended_status"] == "running" and row["actual_status"] in ("running", "loading", None)
+            if not (running or self.scheduling(iid)):
+                # Accepted at once; it runs when its host has the GPU free (see the module docstring).
+                self._kill(iid)
+                if own["gpu"] is None:
+                    own["gpu"] = {"polls": self.scheduling_polls, "until": None}
+                row.update(intended_status="running", next_state="running", cur_state="stopped",
+                           actual_status="stopped", status_msg=None, ports={})
+        elif state is not None:
             return 200, {"success": False, "error": "invalid_args", "msg": f"unknown state {state!r}"}
         return 200, {"success": True}
 
     def _destroy(self, iid: int):
-        row = self.instances.get(iid)
-        if row is None or row["intended_status"] == "destroyed":
+        row = self._found(iid)
+        if row is None:
             return 404, {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
         own = self._private[iid]
-        if own.get("host") is not None:
-            own["host"].destroy()
-        shutil.rmtree(own["root"], ignore_errors=True)
-        own["offer"]["rented"] = False
-        row.update(intended_status="destroyed", cur_state="stopped", actual_status="exited", ports={})
+        self._release(own)
+        shutil.rmtree(self.root / str(iid), ignore_errors=True)
+        if own["holds_offer"]:
+            own["offer"]["rented"] = False
+        own["destroyed"] = True
+        # docs "show instance": cur_state "unloaded (released on destroy)".
+        row.update(cur_state="unloaded", intended_status="stopped", next_state="stopped", actual_status="stopped",
+                   ports={})
         return 200, {"success": True}
 
     def _attach(self, iid: int, body: dict):
-        row = self.instances.get(iid)
-        if row is None or row["intended_status"] == "destroyed":
+        if self._found(iid) is None:
             return 404, {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
         key = (body.get("ssh_key") or "").strip()
         if not key.startswith(("ssh-", "ecdsa-")):
             return 200, {"success": False, "error": "invalid_args", "msg": "Invalid SSH key."}
         own = self._private[iid]
         own["keys"].append(key)
-        if own.get("host") is not None and own["host"].running():
+        if own["host"].running():
             own["host"].add_authorized_key(key)
         return 200, {"success": True, "msg": "SSH key attached to instance."}
 
     def _change_bid(self, iid: int, body: dict):
-        row = self.instances.get(iid)
-        if row is None or row["intended_status"] == "destroyed":
+        row = self._found(iid)
+        if row is None:
             return 404, {"success": False, "error": "no_such_instance", "msg": f"Instance {iid} not found."}
         price = body.get("price")
         if not isinstance(price, (int, float)):
             return 200, {"success": False, "error": "invalid_args", "msg": "price must be a number"}
         own = self._private[iid]
         own["bid"] = price
-        row["dph_total"] = round(price + row["storage_cost"] * row["disk_space"] / HOURS_PER_MONTH, 6)
-        if row["status_msg"] == "outbid" and price >= own["offer"]["min_bid"]:
-            own["polls"] = 0
-            row.update(actual_status="loading", cur_state="running", status_msg=None)
+        row["dph_total"] = round(price + row["storage_total_cost"], 6)
+        if own["rival"] is not None and price > own["rival"]:
+            own["rival"] = None
+            if row["status_msg"] == "outbid":  # raising the bid resumes it, through scheduling
+                own["gpu"] = {"polls": self.scheduling_polls, "until": None}
+                row.update(intended_status="running", next_state="running", cur_state="stopped",
+                           actual_status="stopped", status_msg=None)
         return 200, {"success": True}
 
     # -- the "machine" ---------------------------------------------------------------------
     def _boot(self, iid: int) -> None:
         row, own = self.instances[iid], self._private[iid]
-        env = {k: v for k, v in row["extra_env"]}
-        env.update({
-            "CONTAINER_ID": str(iid), "CONTAINER_API_KEY": own["container_key"], "VAST_CONTAINERLABEL": f"C.{iid}",
-            # Real containers have no VAST_URL; here it keeps self-stop calls on this fake.
-            "VAST_URL": self.url,
-        })
-        if own.get("host") is None:
-            # A Vast.ai instance keeps its whole disk across a stop; the container's environment is
-            # not exported to SSH sessions.
-            own["host"] = Host(own["root"], env=env, keep_container_disk=True)
         host = own["host"]
-        if own["port"] is None:
-            own["port"] = free_port(host.address)
-        host.env.update({"PUBLIC_IPADDR": host.address, "VAST_TCP_PORT_22": str(own["port"])})
         host.boot(port=own["port"])
         for key in own["keys"]:
             host.add_authorized_key(key)
-        direct = own["port"]
-        if self.direct_broken:
-            direct = free_port(HOST)  # nothing listens there
-            row.update(ssh_host=host.address, ssh_port=own["port"])
-        row.update(actual_status="running", status_msg="running", public_ipaddr=host.address,
-                   ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(direct)},
-                                     {"HostIp": "::", "HostPort": str(direct)}]})
+        row.update(actual_status="running", status_msg="running",
+                   ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(own["direct"])},
+                                     {"HostIp": "::", "HostPort": str(own["direct"])}]})
 
     def _kill(self, iid: int) -> None:
         own = self._private.get(iid)
-        if own and own.get("host") is not None:
+        if own:
             own["host"].halt()
+
+    @staticmethod
+    def _release(own: dict) -> None:
+        own["host"].destroy()
+        own["relay"].close()
+        own["silent"].close()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,0 +1,247 @@
+"""``orch run`` (one command from a dataset to weights on disk) and ``orch jobs`` (list, show, cancel, logs).
+
+``orch run`` takes every option of ``orch up`` (its signature is ``up``'s, so an option added there
+reaches here too, checked by the same ``instances.check_up_options``) and a job's own: ``--max-cost``,
+``--max-hours`` (the whole job's deadline rather than one instance's), ``--retries``, ``--keep``,
+and ``--provider`` repeatable (the providers to rank). What a job is and how it moves: ``orchestrator.jobs``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from orchestrator.cli import instances
+from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
+from orchestrator.errors import UsageError
+from orchestrator.text import clean
+
+jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs.",
+                       invoke_without_command=True)
+app.add_typer(jobs_app, name="jobs")
+
+# up's options that a job reads its own way (declared by `run` itself).
+OWN = ("name", "provider", "max_hours", "wait", "as_json")
+
+
+def run(
+    name: str = typer.Argument(..., help="The job's name (lowercase letters, digits, '-'; at most 36): its "
+                                         "instances are NAME-a1, NAME-a2, ..., its weights $ORCH_HOME/runs/NAME."),
+    provider: Optional[List[str]] = typer.Option(None, "--provider", "-p", help="Providers to rank (repeatable; "
+                                                 "default: every configured one). A CPU job uses the first (or the "
+                                                 "default provider)."),
+    max_cost: Optional[float] = typer.Option(None, help="$ cap over every attempt together: a plan estimated above "
+                                                        "it is refused, a running attempt that would cross it stopped."),
+    max_hours: Optional[float] = typer.Option(None, help="Deadline for the whole job, in hours from now."),
+    retries: int = typer.Option(3, help="Relaunches after a lost attempt (or a launch that failed)."),
+    keep: bool = typer.Option(False, "--keep", help="On completion stop the instance instead of destroying it, "
+                                                    "where the provider can."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    **options,
+):
+    """Train from a dataset to weights on disk: plan the offer cheapest per job, launch, pull milestones,
+    recover from lost machines, pull everything, destroy. `orch up`'s options apply."""
+    from dataclasses import replace
+
+    from orchestrator import config, jobs, plugins, training
+
+    jobs.check_job_name(name)
+    if max_cost is not None and not 0 < max_cost < 1e6:
+        raise UsageError(f"--max-cost must be a $ amount above 0, not {max_cost:g}")
+    if max_hours is not None and not 0 < max_hours <= 100_000:
+        raise UsageError(f"--max-hours must be above 0, not {max_hours:g}")
+    if not 0 <= retries <= jobs.MAX_RETRIES:
+        raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
+    providers = list(dict.fromkeys(provider or []))
+    for p in providers:
+        plugins.provider_class(p)
+    options.pop("cheapest", None)  # a job always takes the offer cheapest per job
+    policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
+    if spec.save_period is None:
+        spec.save_period = jobs.default_save_period(spec.epochs)
+        say(f"      save_period: every {spec.save_period} epoch(s), about ten epoch_N.pt milestones for "
+            f"{spec.epochs} epochs (--save-period to choose)")
+    folder = config.home() / "runs" / name
+    if spec.resume:
+        if not (folder / "weights" / "last.pt").is_file():
+            raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
+        instances.refuse_reached(folder, spec.epochs)
+    elif folder.is_dir() and any(folder.iterdir()):
+        raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
+                         "from its weights/last.pt")
+    orch = open_orch()
+    taken = orch.ledger.job(name)
+    if taken is not None and taken.state in jobs.ACTIVE:
+        raise UsageError(f"a job named {name!r} is already {taken.state} (`orch jobs show {name}`)")
+    training.prepare(spec, orch.home, say)
+    if options["disk"] is None:
+        disk, why = training.disk_for(spec)
+        request = replace(request, disk_gb=disk)
+        say(f"      disk: {why}")
+    images = None
+    if not request.cpu and not spec.data.startswith("hf://"):
+        from orchestrator import offers
+
+        images = offers.job_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz).images
+    ssh_timeout = options["ssh_timeout"]
+    js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
+                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images)
+    t0 = time.monotonic()
+    choice = jobs.plan(orch, js)
+    jobs.check_plan(choice, max_cost)
+    say(f"plan: {choice.line}")
+    if max_cost is not None and choice.usd is None:
+        say(f"      no estimate for this offer: --max-cost ${max_cost:g} is enforced while it runs")
+    job = jobs.create(orch, name, js, choice, max_cost, max_hours, retries, keep, time.monotonic() - t0,
+                      resume_from=folder if spec.resume else None)
+    try:
+        job = jobs.start(orch, job)
+        if wait and job.state in jobs.ACTIVE:
+            job = jobs.follow(orch, job)
+    except KeyboardInterrupt:
+        say(f"\norch: the job goes on: `orch jobs show {name}` follows it, `orch jobs cancel {name}` stops it"
+            + _reaper_hint(orch))
+        raise typer.Exit(130) from None
+    _show(orch, job, as_json)
+    if job.state == jobs.FAILED:
+        raise typer.Exit(1)
+
+
+def _signature() -> inspect.Signature:
+    """run's own parameters, then every option of up that a job reads as up does."""
+    own = inspect.signature(run, eval_str=True)
+    up = inspect.signature(instances.up, eval_str=True)
+    params = [p for p in own.parameters.values() if p.kind != p.VAR_KEYWORD]
+    params += [p for n, p in up.parameters.items() if n not in OWN]
+    return inspect.Signature(params)
+
+
+run.__signature__ = _signature()
+run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+app.command("run")(run)
+
+
+def _reaper_hint(orch) -> str:
+    from orchestrator import schedule
+
+    if schedule.installed(orch.ledger):
+        return "; the scheduled reaper advances it"
+    return ("; nothing advances it while no command looks: `orch reaper install` schedules the reaper, "
+            "which then recovers it with this terminal closed")
+
+
+def _job(orch, name: str):
+    from orchestrator import jobs
+
+    jobs.check_job_name(name)
+    job = orch.ledger.job(name)
+    if job is None:
+        raise UsageError(f"no job named {name!r} (see `orch jobs`)")
+    return job
+
+
+def _show(orch, job, as_json: bool) -> None:
+    from orchestrator import jobs
+
+    d = jobs.job_dict(orch, job)
+    if as_json:
+        emit_json(d)
+        return
+    out(f"job {d['name']}: {d['state']}" + (f" ({clean(d['reason'], 300)})" if d["reason"] else ""))
+    out(f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
+        + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"] else ""))
+    out(f"  plan     {clean(d['plan'].get('line'), 300)}")
+    cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
+    out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
+    for a in d["attempts"]:
+        price = f" ${a['price_hr']:.4f}/hr" if a["price_hr"] is not None else ""
+        out(f"  attempt {a['number']}  {a['instance']} on {a['provider']}{price}: {a['state']}"
+            + (f" from epoch {a['start_epoch']}" if a["start_epoch"] else "") + f", ${a['cost']:.4f}"
+            + (f" ({clean(a['reason'], 200)})" if a["reason"] else ""))
+    if d["phases"]:
+        out("  phases   " + ", ".join(f"{k} {v:.1f} s" for k, v in d["phases"].items()))
+    if d["weights"]:
+        out(f"  weights  {d['weights']}")
+    if d["state"] in jobs.ACTIVE:
+        out(f"  follow   orch jobs show {d['name']} | orch jobs logs {d['name']} -f")
+        out(f"  cancel   orch jobs cancel {d['name']}")
+
+
+@jobs_app.callback()
+def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="As JSON (name state "
+                                                                                     "attempts cost weights ...).")):
+    """Every job, from the ledger."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from orchestrator import jobs
+
+    orch = open_orch()
+    rows = [jobs.job_dict(orch, j) for j in orch.ledger.jobs()]
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console().print("no jobs (`orch run NAME --data ...` starts one)")
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False)
+    for col in ("NAME", "STATE", "ATTEMPTS", "EPOCH", "COST", "WEIGHTS / WHY"):
+        t.add_column(col, overflow="fold")
+    for d in rows:
+        t.add_row(d["name"], d["state"], str(len(d["attempts"])), f"{d['epoch'] or '-'}/{d['epochs']}",
+                  f"${d['cost']:.4f}", escape(d["weights"] or clean(d["reason"], 200) or "-"))
+    console().print(t)
+
+
+@jobs_app.command("show")
+def jobs_show(name: str, as_json: bool = typer.Option(False, "--json", help="As JSON.")):
+    """One job, after one look (which advances it: recovering a lost attempt, finishing a completed one)."""
+    from orchestrator import jobs
+
+    orch = open_orch()
+    job = _job(orch, name)
+    before = job.updated_at
+    job = jobs.advance(orch, job)
+    if job.state in jobs.ACTIVE and job.updated_at == before and not as_json:
+        say(f"orch: {name} was not looked at now: another orch process is advancing it")
+    _show(orch, job, as_json)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(name: str):
+    """Stop the job: pull what can be pulled, destroy its instance."""
+    from orchestrator import jobs
+
+    orch = open_orch()
+    job = jobs.cancel(orch, _job(orch, name))
+    out(f"job {job.name}: {job.state}")
+
+
+@jobs_app.command("logs")
+def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+              lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end.")):
+    """The training log of the job's current attempt (the pulled train.log once its instance is gone)."""
+    from orchestrator import jobs, states
+
+    if not 1 <= lines <= 100_000:
+        raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
+    orch = open_orch()
+    job = _job(orch, name)
+    attempts = orch.ledger.attempts(job.id)
+    inst = orch.ledger.get(attempts[-1].instance_id) if attempts and attempts[-1].instance_id else None
+    if inst is not None and inst.state == states.READY:
+        instances.logs(inst.name, follow=follow, lines=lines)
+        return
+    pulled = jobs.weights_dir(orch.home, job.name) / "train.log"
+    if not pulled.is_file():
+        raise UsageError(f"job {name} has no instance up and no pulled train.log in {pulled.parent}")
+    text = Path(pulled).read_bytes()[-(2 << 20):].decode(errors="replace").splitlines()[-lines:]
+    for line in text:
+        out(clean(line, 100_000) or "")

@@ -1,0 +1,399 @@
+"""A fake Lambda Cloud API v1 on 127.0.0.1 whose instances are real sshd hosts (tests/fakes/hosts.py).
+
+Built from Lambda's published OpenAPI description (https://cloud.lambda.ai/api/v1/openapi.json,
+v1.10.0; the copy read is api-evangelist/lambda-labs openapi/lambda-labs-instances-api-openapi.yml and
+lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes from orch.
+
+- Paths live under ``/api/v1``; every success is ``{"data": ...}``, every failure
+  ``{"error": {"code", "message", "suggestion"}}`` with the spec's codes (spec: "Response types").
+- Auth is ``Authorization: Bearer KEY`` or HTTP Basic with the key as user (spec securitySchemes).
+  A missing key and a wrong one both answer 401 ``global/invalid-api-key``, with the two messages
+  the live API gave on 2026-09-13 (the "lambdalabs" recipe that struck it, read in the code corpus).
+- A launch takes ``region_name``, ``instance_type_name`` and exactly one existing key in
+  ``ssh_key_names`` (spec InstanceLaunchRequest) and answers ``{"instance_ids": [...]}``. A region
+  without capacity for the type answers 400 ``instance-operations/launch/insufficient-capacity``
+  (spec ApiErrorInsufficientCapacity); an unknown type or key 404 ``global/object-does-not-exist``.
+- Launches are limited to one per 12 seconds (spec description: "one request per 12 seconds, or
+  five requests per minute"): a faster one answers 429. The spec documents no 429 body; SkyPilot's
+  client (sky/provision/lambda_cloud/lambda_utils.py) reads only the status, and this fake answers
+  plain text so a client that parses it breaks here first. ``launch_interval`` shortens it for tests.
+- Instances go ``booting`` -> ``active`` (with ``ip``; "ip is not guaranteed present until late in
+  boot") and, on terminate, ``terminating`` -> gone: the listing holds "your running instances"
+  and a gone id answers 404 ``global/object-does-not-exist`` (spec ApiErrorInstanceNotFound).
+  ``unhealthy`` and ``preempted`` are in the spec's InstanceStatus: ``break_host``/``preempt`` set them.
+- An instance row carries ``jupyter_token`` and ``jupyter_url`` (spec Instance), a login to it.
+- SSH: the key named at launch is root's authorized key (Lambda Stack puts it in ``ubuntu``'s; these
+  hosts have only root) and sshd listens on port 22 of the instance's ``ip``, as on Lambda: run the
+  fake in a network namespace of its own (tests/netns.py), where port 22 of a 127.x address is free.
+
+    with FakeLambda(tmp_path) as fake:
+        LAMBDA_API_BASE_URL=fake.url LAMBDA_API_KEY=fake.key
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.fakes.hosts import Host
+
+HOST = "127.0.0.1"
+PREFIX = "/api/v1"
+SSH_PORT = 22
+# A "private" address where nothing listens: a client that dials it never leaves loopback.
+PRIVATE_IP = "127.0.0.254"
+
+
+def _type(name, description, gpu_description, cents, gpus, vcpus, memory, storage, regions):
+    return {"instance_type": {"name": name, "description": description, "gpu_description": gpu_description,
+                              "price_cents_per_hour": cents,
+                              "specs": {"vcpus": vcpus, "memory_gib": memory, "storage_gib": storage, "gpus": gpus}},
+            "regions_with_capacity_available": [{"name": r, "description": REGIONS[r]} for r in regions]}
+
+
+REGIONS = {"us-east-1": "Virginia, USA", "us-west-1": "California, USA", "us-south-1": "Texas, USA",
+           "us-midwest-1": "Illinois, USA"}
+
+
+def default_types() -> dict[str, dict]:
+    """A catalog shaped like the spec's InstanceTypes example (names and descriptions in Lambda's style)."""
+    return {
+        "gpu_1x_a10": _type("gpu_1x_a10", "1x A10 (24 GB PCIe)", "A10 (24 GB PCIe)", 75, 1, 30, 200, 1400,
+                            ["us-east-1", "us-west-1"]),
+        "gpu_1x_a100_sxm4": _type("gpu_1x_a100_sxm4", "1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129, 1, 30, 200,
+                                  512, ["us-south-1"]),
+        "gpu_1x_h100_pcie": _type("gpu_1x_h100_pcie", "1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249, 1, 26, 200,
+                                  1024, []),
+        "gpu_8x_h100_sxm5": _type("gpu_8x_h100_sxm5", "8x H100 (80 GB SXM5)", "H100 (80 GB SXM5)", 2392, 8, 208, 1800,
+                                  24780, ["us-midwest-1"]),
+        "gpu_2x_a6000": _type("gpu_2x_a6000", "2x A6000 (48 GB)", "A6000 (48 GB)", 160, 2, 28, 100, 1024,
+                              ["us-west-1"]),
+    }
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    body: Any
+    status: int = 0
+
+
+def _error(code: str, message: str, suggestion: str | None = None) -> dict:
+    err = {"code": code, "message": message}
+    if suggestion:
+        err["suggestion"] = suggestion
+    return {"error": err}
+
+
+class FakeLambda:
+    """The fake server and its state. Knobs are plain attributes and the methods under "knobs"."""
+
+    def __init__(self, tmp: Path, *, boot_polls: int = 1, terminate_polls: int = 1, launch_interval: float = 12.0):
+        self.root = Path(tmp) / "lambda"
+        self.key = "secret_" + secrets.token_hex(16)
+        self.types: dict[str, dict] = default_types()
+        self.boot_polls = boot_polls  # GETs an instance spends booting
+        self.terminate_polls = terminate_polls  # GETs a terminated instance still shows as terminating
+        self.launch_interval = launch_interval
+        self.instances: dict[str, dict] = {}
+        self.ssh_keys: list[dict] = []
+        self.requests: list[Recorded] = []
+        self._hosts: dict[str, Host] = {}
+        self._polls: dict[str, int] = {}
+        self._faults: list[tuple[str | None, re.Pattern, int, bytes, str, int]] = []
+        self._taken: list[tuple[str, str]] = []  # capacity that disappears at the next launch
+        self._last_launch = float("-inf")
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> "FakeLambda":
+        self.root.mkdir(parents=True, exist_ok=True)
+
+        class Handler(_Handler):
+            fake = self
+
+        self._server = ThreadingHTTPServer((HOST, 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+        for host in list(self._hosts.values()):
+            host.destroy()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self._server.server_address[1]}{PREFIX}"
+
+    # -- knobs ---------------------------------------------------------------------------
+    def inject(self, status: int, body: dict | str, *, method: str | None = None, path: str = r".*",
+               times: int = 1) -> None:
+        """The next ``times`` requests matching ``method`` and the ``path`` regex (after /api/v1) answer this."""
+        raw, ctype = (json.dumps(body).encode(), "application/json") if isinstance(body, dict) else \
+            (body.encode(), "text/plain")
+        with self._lock:
+            self._faults.append((method, re.compile(path), status, raw, ctype, times))
+
+    def take_capacity(self, type_name: str, region: str) -> None:
+        """Someone else takes the last machine of ``type_name`` in ``region`` just before the next launch."""
+        self._taken.append((type_name, region))
+
+    def preempt(self, instance_id: str) -> None:
+        with self._lock:
+            self._halt(instance_id)
+            self.instances[instance_id]["status"] = "preempted"
+
+    def break_host(self, instance_id: str) -> None:
+        with self._lock:
+            self._halt(instance_id)
+            self.instances[instance_id]["status"] = "unhealthy"
+
+    def live(self) -> list[dict]:
+        """Instances that exist and bill: not terminated, not on their way out, not taken back by Lambda."""
+        return [r for r in self.instances.values() if r["status"] not in ("terminating", "terminated", "preempted")]
+
+    def calls(self, method: str, path_regex: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and re.search(path_regex, r.path)]
+
+    def host(self, instance_id: str) -> Host:
+        return self._hosts[instance_id]
+
+    # -- requests ------------------------------------------------------------------------
+    def handle(self, method: str, path: str, body: Any, auth: str | None) -> tuple[int, bytes, str, dict]:
+        record = Recorded(method, path, body)
+        with self._lock:
+            self.requests.append(record)
+            for i, (m, pattern, status, raw, ctype, times) in enumerate(self._faults):
+                if m in (None, method) and pattern.search(path):
+                    if times <= 1:
+                        self._faults.pop(i)
+                    else:
+                        self._faults[i] = (m, pattern, status, raw, ctype, times - 1)
+                    record.status = status
+                    return status, raw, ctype, {}
+            status, answer = self._route(method, path, body, auth)
+            record.status = status
+            if isinstance(answer, str):
+                return status, answer.encode(), "text/plain", {}
+            return status, json.dumps(answer).encode(), "application/json", {}
+
+    def _authorised(self, auth: str | None) -> tuple[bool, str]:
+        auth = (auth or "").strip()
+        if not auth:
+            return False, "No API key was provided."
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer":
+            token = value.strip()
+        elif scheme.lower() == "basic":
+            # spec basicAuth: "Basic <base64 of api_key:>" or "Basic <api_key>"
+            try:
+                token = base64.b64decode(value.strip(), validate=True).decode().split(":", 1)[0]
+            except ValueError:
+                token = value.strip()
+        else:
+            token = ""
+        if token and secrets.compare_digest(token, self.key):
+            return True, ""
+        return False, "API key was invalid, expired, or deleted."
+
+    def _route(self, method: str, path: str, body: Any, auth: str | None):
+        ok, why = self._authorised(auth)
+        if not ok:
+            return 401, _error("global/invalid-api-key", why, "Check your API key or create a new one, then try again.")
+        if method == "GET" and path == "/instance-types":
+            return 200, {"data": copy.deepcopy(self.types)}
+        if method == "GET" and path == "/instances":
+            rows = []
+            for iid in list(self.instances):
+                row = self._look(iid)
+                if row is not None:
+                    rows.append(row)
+            return 200, {"data": rows}
+        if m := re.fullmatch(r"/instances/([^/]+)", path):
+            if method == "GET":
+                row = self._look(m[1])
+                if row is None:
+                    return 404, _error("global/object-does-not-exist", "Specified instance does not exist.")
+                return 200, {"data": row}
+        if method == "POST" and path == "/instance-operations/launch":
+            return self._launch(body if isinstance(body, dict) else {})
+        if method == "POST" and path in ("/instance-operations/terminate", "/instance-operations/restart"):
+            return self._operate(path.rsplit("/", 1)[1], body if isinstance(body, dict) else {})
+        if path == "/ssh-keys":
+            if method == "GET":
+                return 200, {"data": copy.deepcopy(self.ssh_keys)}
+            if method == "POST":
+                return self._add_key(body if isinstance(body, dict) else {})
+        if (m := re.fullmatch(r"/ssh-keys/([^/]+)", path)) and method == "DELETE":
+            before = len(self.ssh_keys)
+            self.ssh_keys = [k for k in self.ssh_keys if k["id"] != m[1]]
+            if len(self.ssh_keys) == before:
+                return 404, _error("global/not-found", "The requested resource was not found.")
+            return 200, {"data": {}}
+        return 404, _error("global/not-found", "The requested resource was not found.")
+
+    # -- instances -----------------------------------------------------------------------
+    def _launch(self, body: dict):
+        for field in ("region_name", "instance_type_name", "ssh_key_names"):
+            if field not in body:
+                return 400, _error("global/invalid-parameters", f"Missing required field: {field}.")
+        names = body["ssh_key_names"]
+        if not isinstance(names, list) or len(names) != 1:
+            return 400, _error("global/invalid-parameters", "Exactly one SSH key must be specified.")
+        name = body.get("name", "")
+        if not isinstance(name, str) or len(name) > 64:
+            return 400, _error("global/invalid-parameters", "name must be 64 characters or fewer.")
+        if int(body.get("quantity") or 1) != 1:
+            return 400, _error("global/invalid-parameters", "This fake launches one instance at a time.")
+        now = time.monotonic()
+        if now - self._last_launch < self.launch_interval:
+            return 429, "Too Many Requests"
+        self._last_launch = now
+        itype = self.types.get(body["instance_type_name"])
+        if itype is None:
+            return 404, _error("global/object-does-not-exist", f"Instance type {body['instance_type_name']!r} "
+                               "does not exist.", "Check the instance type name.")
+        key = next((k for k in self.ssh_keys if k["name"] == names[0]), None)
+        if key is None:
+            return 404, _error("global/object-does-not-exist", f"SSH key {names[0]!r} does not exist.",
+                               "Add the SSH key first.")
+        region = body["region_name"]
+        for taken in list(self._taken):
+            self._taken.remove(taken)
+            t, r = taken
+            self.types[t]["regions_with_capacity_available"] = [
+                x for x in self.types[t]["regions_with_capacity_available"] if x["name"] != r]
+        if region not in [r["name"] for r in itype["regions_with_capacity_available"]]:
+            return 400, _error("instance-operations/launch/insufficient-capacity",
+                               "Not enough capacity to fulfill launch request.",
+                               "Choose an instance type with more availability, or try again later.")
+        iid = secrets.token_hex(16)
+        token = secrets.token_hex(16)
+        self.instances[iid] = {
+            "id": iid, "name": name, "status": "booting", "ssh_key_names": list(names), "file_system_names": [],
+            "region": {"name": region, "description": REGIONS.get(region, region)},
+            "instance_type": copy.deepcopy(itype["instance_type"]),
+            "jupyter_token": token,
+            "jupyter_url": f"https://jupyter-{secrets.token_hex(16)}.lambdaspaces.com/?token={token}",
+            "is_reserved": False,
+            "actions": {a: {"available": a == "terminate"} for a in
+                        ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
+            "tags": [dict(t) for t in body.get("tags") or [] if isinstance(t, dict)],
+            "_key": key["public_key"], "_image": body.get("image"),
+        }
+        self._polls[iid] = 0
+        return 200, {"data": {"instance_ids": [iid]}}
+
+    def _look(self, iid: str) -> dict | None:
+        """The instance as a GET shows it now (each look moves a booting or terminating one on)."""
+        row = self.instances.get(iid)
+        if row is None or row["status"] == "terminated":
+            return None
+        self._polls[iid] = self._polls.get(iid, 0) + 1
+        if row["status"] == "booting" and self._polls[iid] >= self.boot_polls:
+            self._boot(iid)
+        elif row["status"] == "terminating" and self._polls[iid] > self.terminate_polls:
+            row["status"] = "terminated"
+            return None
+        return {k: copy.deepcopy(v) for k, v in row.items() if not k.startswith("_")}
+
+    def _boot(self, iid: str) -> None:
+        row = self.instances[iid]
+        host = self._hosts.get(iid)
+        if host is None:
+            host = self._hosts[iid] = Host(self.root / iid, keep_container_disk=True)
+        host.boot(port=SSH_PORT)
+        host.add_authorized_key(row["_key"])
+        row.update(status="active", ip=host.address, private_ip=PRIVATE_IP, hostname=host.address.replace(".", "-"))
+        row["actions"] = {a: {"available": True} for a in row["actions"]}
+
+    def _halt(self, iid: str) -> None:
+        host = self._hosts.get(iid)
+        if host is not None:
+            host.halt()
+
+    def _operate(self, verb: str, body: dict):
+        ids = body.get("instance_ids")
+        if not isinstance(ids, list) or not ids:
+            return 400, _error("global/invalid-parameters", "instance_ids must be a non-empty list.")
+        if any(i not in self.instances or self.instances[i]["status"] == "terminated" for i in ids):
+            return 404, _error("global/object-does-not-exist", "Specified instance does not exist.")
+        done = []
+        for iid in ids:
+            row = self.instances[iid]
+            if verb == "terminate":
+                host = self._hosts.pop(iid, None)
+                if host is not None:
+                    host.destroy()
+                row["status"], self._polls[iid] = "terminating", 0
+            elif row["status"] == "active":  # restart: the machine reboots, every process ends
+                self._halt(iid)
+                self._boot(iid)
+            done.append({k: copy.deepcopy(v) for k, v in row.items() if not k.startswith("_")})
+        return 200, {"data": {"restarted_instances" if verb == "restart" else "terminated_instances": done}}
+
+    def _add_key(self, body: dict):
+        name = body.get("name")
+        if not isinstance(name, str) or not 1 <= len(name) <= 64:
+            return 400, _error("global/invalid-parameters", "name must be 1 to 64 characters.")
+        if any(k["name"] == name for k in self.ssh_keys):
+            return 400, _error("global/invalid-parameters", f"An SSH key named {name!r} already exists.")
+        public = body.get("public_key")
+        if public is None:
+            return 400, _error("global/invalid-parameters", "This fake does not generate key pairs.")
+        if not isinstance(public, str) or not public.startswith(("ssh-", "ecdsa-")) or len(public) > 4096:
+            return 400, _error("global/invalid-parameters", "Invalid public key.")
+        key = {"id": secrets.token_hex(16), "name": name, "public_key": public.strip()}
+        self.ssh_keys.append(key)
+        return 200, {"data": dict(key)}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeLambda
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _serve(self) -> None:
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        path = parts.path
+        if not path.startswith(PREFIX + "/"):
+            status, payload, ctype, headers = 404, json.dumps(_error("global/not-found", "Not found.")).encode(), \
+                "application/json", {}
+        else:
+            status, payload, ctype, headers = self.fake.handle(self.command, path[len(PREFIX):], body,
+                                                               self.headers.get("Authorization"))
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(payload)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass
+
+    do_GET = do_POST = do_DELETE = _serve

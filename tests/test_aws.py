@@ -1,0 +1,318 @@
+"""AWS EC2: the `aws` provider through boto3 against moto's server mode, made to behave like AWS where
+moto differs (tests/moto_ec2.py says where and why), each instance a real sshd host at its public
+address. The module runs in a network namespace of its own (tests/netns.py): only loopback is up, so
+even an address moto invented could not be reached."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator import config, states
+from orchestrator.provider import Request, Status, bid_with_margin, label_for
+from tests import netns
+from tests.clouds import configure, legal_path, open_orch, wait_for
+from tests.conftest import ROOT, needs_torch, run_orch
+from tests.fakes.hosts import sshd_available
+from tests.moto_ec2 import MotoEC2
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="fake hosts need root, sshd and unshare")
+SETTINGS = {"region": "us-east-1", "ssh_user": "root", "poll_seconds": 0.05, "stop_timeout": 20,
+            "destroy_timeout": 20, "retries": 1}
+
+
+@pytest.fixture
+def ec2(orch_home, tmp_path, monkeypatch):
+    """moto's EC2 with a Deep Learning AMI and live spot prices; orch configured for it."""
+    pytest.importorskip("moto")
+    with MotoEC2(tmp_path) as m:
+        for k, v in m.env.items():
+            monkeypatch.setenv(k, v)
+        m.add_dlami()
+        m.spot("g5.xlarge", "us-east-1a", 0.61, minutes_ago=300)  # an old price: superseded
+        m.spot("g5.xlarge", "us-east-1a", 0.42, minutes_ago=10)
+        m.spot("g5.xlarge", "us-east-1b", 0.47, minutes_ago=3)
+        m.spot("g5.12xlarge", "us-east-1b", 2.10, minutes_ago=5)
+        m.spot("m6i.large", "us-east-1c", 0.031, minutes_ago=5)
+        configure(orch_home, "aws", dict(SETTINGS))
+        yield m, m.env
+
+
+def runs(m) -> list[dict]:
+    return m.requests("RunInstances")
+
+
+def arrange(orch, name: str, spot: bool = False, cpu: bool = True, **request):
+    """A ready AWS instance without provisioning (tests/clouds.py `arrange`, with --spot)."""
+    provider = orch.provider("aws")
+    req = Request(name=name, cpu=cpu, spot=spot, **request)
+    inst = orch.ledger.create_instance(name=name, provider="aws", label="", cpu_only=cpu, gpus=0 if cpu else 1,
+                                       spot=spot)
+    remote = provider.create(req, inst.label, config.ssh_key()[1])
+    inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
+                     price_hr=provider.prices(remote)[0], stopped_price_hr=provider.prices(remote)[1])
+    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
+
+
+def test_importing_the_provider_imports_no_boto3():
+    code = ("import sys, providers.aws\nfrom orchestrator import plugins\nplugins.providers()\n"
+            "print(sorted(m for m in ('boto3', 'botocore', 'moto') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# -- offers ----------------------------------------------------------------------------------------
+def test_offers_gpu_types_with_the_tables_on_demand_price_and_the_latest_spot_price(ec2, orch_home):
+    m, env = ec2
+    m.spot("g5.xlarge", "us-west-2c", 0.39, minutes_ago=2)
+    configure(orch_home, "aws", {**SETTINGS, "regions": ["us-east-1", "us-west-2"]})
+    with (orch_home / "config.toml").open("a") as f:  # a TOML table, which tests.clouds.configure does not write
+        f.write('on_demand_prices = { "g5.xlarge" = 1.10 }\n')
+    config._load.cache_clear()
+    data = json.loads(run_orch("offers", "--provider", "aws", "--gpu", "A10G", "--json", env=env, check=0).stdout)
+    rows = {r["offer_id"]: r for r in data["offers"]}
+    east, west = rows["us-east-1:g5.xlarge"], rows["us-west-2:g5.xlarge"]
+    assert (east["gpu"], east["gpus"], east["location"]) == ("A10G", 1, "us-east-1")
+    # The latest price per zone (0.61 was superseded by 0.42), the cheapest zone, and the root
+    # volume (gp3, 0.08 $/GB-month, 20 GB) on top of the instance.
+    disk = 20 * 0.08 / 730
+    assert east["spot_hr"] == pytest.approx(0.42 + disk) and east["price_hr"] == pytest.approx(1.10 + disk)
+    assert west["spot_hr"] == pytest.approx(0.39 + disk) and west["price_hr"] == pytest.approx(1.10 + disk)
+    assert east["stopped_hr"] == pytest.approx(disk, abs=1e-6)  # --json rounds to 6 places
+    assert "us-east-1:g5.12xlarge" not in rows, "4 GPUs is another query (--gpus 4)"
+    provider = open_orch().provider("aws")
+    [offer] = [o for o in provider.offers(Request(name="o", gpu="A10G")) if o.offer_id == "us-east-1:g5.xlarge"]
+    assert "on_demand_prices" in offer.note and "us-east-1a" in offer.note and offer.min_bid_per_gpu == 0.42
+    four = provider.offers(Request(name="o", gpu="A10G", gpus=4))
+    assert [(o.offer_id, o.spot_hr, o.min_bid_per_gpu) for o in four if o.spot_hr] == \
+        [("us-east-1:g5.12xlarge", 2.10, 0.525)]
+    configure(orch_home, "aws", dict(SETTINGS))
+    table = provider.__class__(dict(SETTINGS)).offers(Request(name="o", gpu="T4"))
+    assert table and all("aws.amazon.com/ec2/pricing/on-demand, 2026-06" in o.note for o in table)
+    asked = m.requests("DescribeSpotPriceHistory")[0]
+    products = [v for k, v in asked.items() if k.startswith("ProductDescription")]
+    assert products == ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"]
+    assert "StartTime" in asked, "the price in effect now, not the whole history"
+
+
+def test_offers_spot_a10g_shows_aws_beside_vast(ec2, orch_home, tmp_path):
+    from tests.fakes.vast_api import FakeVast, _offer
+
+    m, env = ec2
+    with FakeVast(tmp_path) as vast:
+        vast.offers.append(_offer(2001, "A10G", 0.50, min_bid=0.30))
+        configure(orch_home, "vastai", {"api_key": vast.key, "server_url": vast.url, "ssh_user": getpass.getuser()})
+        data = json.loads(run_orch("offers", "--spot", "--gpu", "A10G", "--json", env=env, check=0).stdout)
+        table = run_orch("offers", "--spot", "--gpu", "A10G", env=env, check=0).stdout
+    got = [(r["provider"], r["offer_id"]) for r in data["offers"]]
+    assert got == [("vastai", "2001"), ("aws", "us-east-1:g5.xlarge")], got
+    assert [r["spot_hr"] for r in data["offers"]] == sorted(r["spot_hr"] for r in data["offers"])
+    assert not data["partial"] and set(data["query"]["providers"]) >= {"aws", "vastai"}
+    assert any(line.startswith("aws") and "A10G" in line for line in table.splitlines())
+    assert any(line.startswith("vastai") and "A10G" in line for line in table.splitlines())
+
+
+# -- up ----------------------------------------------------------------------------------------------
+@needs_torch
+@pytest.mark.training
+def test_up_spot_runs_end_to_end_then_stop_is_refused_and_down_terminates(ec2, orch_home, tmp_path):
+    from orchestrator import dataset
+
+    m, env = ec2
+    ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
+    up = run_orch("up", "sp1", "--provider", "aws", "--spot", "--cpu", "--disk", "30", "--data", ds, "--epochs", "1",
+                  "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0", "--wait", "--json", env=env, check=0)
+    inst = json.loads(up.stdout)
+    assert inst["state"] == "ready" and inst["spot"] and inst["run"]["state"] == "completed", up.stderr
+    assert (orch_home / "runs" / "sp1" / "weights" / "best.pt").stat().st_size > 0
+    [moto] = m.billing()
+    assert moto.lifecycle == "spot" and moto.instance_type == "m6i.large" and moto.state == "running"
+    assert inst["provider_id"] == f"{moto.id}@us-east-1" and inst["ssh"] == f"root@{moto.public_ip}:22"
+    [sent] = runs(m)
+    label = label_for(inst["id"], "sp1")
+    assert sent["ClientToken"] == label and sent["InstanceMarketOptions.MarketType"] == "spot"
+    assert sent["InstanceMarketOptions.SpotOptions.SpotInstanceType"] == "one-time"
+    assert float(sent["InstanceMarketOptions.SpotOptions.MaxPrice"]) == bid_with_margin(0.031, 0.05)
+    assert sent["Placement.AvailabilityZone"] == "us-east-1c"
+    assert sent["InstanceInitiatedShutdownBehavior"] == "terminate", "a one-time spot instance cannot stop"
+    assert sent["BlockDeviceMapping.1.Ebs.VolumeSize"] == "30" and sent["BlockDeviceMapping.1.Ebs.VolumeType"] == "gp3"
+    tags = {t["key"]: t["value"] for t in moto.get_tags()}
+    assert tags["Name"] == tags["orch:label"] == label and tags["orch:disk-gb"] == "30"
+    # Its security group opens port 22 only; its key pair is orch's key.
+    [group] = [g for g in m.backend().describe_security_groups() if g.name == "orch-ssh"]
+    assert [(r.ip_protocol, r.from_port, r.to_port) for r in group.ingress_rules] == [("tcp", 22, 22)]
+    pair = m.backend().key_pairs[moto.key_name]
+    assert pair.public_key.split()[:2] == (orch_home / "keys" / "id_ed25519.pub").read_text().split()[:2]
+    assert inst["price_hr"] == pytest.approx(0.031 + 30 * 0.08 / 730), "the spot price at launch, disk included"
+
+    stop = run_orch("stop", "sp1", env=env)
+    assert stop.returncode == 2 and "stop is not supported by this spot instance: use `orch down sp1`" in stop.stderr
+    assert moto.state == "running"
+    run_orch("down", "sp1", env=env, check=0)
+    assert m.billing() == [] and moto.state == "terminated"
+
+
+@needs_torch
+def test_a_gpu_spot_up_that_fails_verification_here_is_terminated(ec2):
+    m, env = ec2
+    proc = run_orch("up", "g1", "--provider", "aws", "--gpu", "A10G", "--spot", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no working NVIDIA GPU" in proc.stderr or "verify failed on the GPU" in proc.stderr, proc.stderr
+    detail = json.loads(run_orch("status", "g1", "--json", env=env, check=0).stdout)
+    assert detail["state"] == "destroyed" and "up failed" in detail["events"][-1]["reason"]
+    [sent] = runs(m)
+    assert sent["InstanceType"] == "g5.xlarge" and sent["Placement.AvailabilityZone"] == "us-east-1a"
+    assert m.billing() == [], "the instance that failed verify was terminated"
+
+
+def test_a_spot_up_whose_ssh_never_answers_ends_with_nothing_running(ec2):
+    m, env = ec2
+    m.boot = False  # the instance runs, nothing answers at its address
+    proc = run_orch("up", "mute", "--provider", "aws", "--gpu", "A10G", "--spot", "--ssh-timeout", "0.1", env=env)
+    assert proc.returncode == 1 and "did not answer" in proc.stderr and "destroying" in proc.stderr, proc.stderr
+    assert len(m.instances()) == 1 and m.billing() == []
+    events = open_orch().ledger.events(json.loads(run_orch("status", "mute", "--json", env=env, check=0).stdout)["id"])
+    assert legal_path(events)[-2:] == ["destroying", "destroyed"]
+
+
+def test_bids_are_per_gpu_and_a_bid_below_the_live_price_is_refused_before_anything_runs(ec2):
+    m, env = ec2
+    low = run_orch("up", "b1", "--provider", "aws", "--gpu", "A10G", "--gpus", "4", "--spot", "--bid", "0.5", env=env)
+    assert low.returncode == 2 and "below g5.12xlarge's live spot price 0.5250" in low.stderr, low.stderr
+    assert runs(m) == []
+    provider = open_orch().provider("aws")
+    remote = provider.create(Request(name="b2", gpu="A10G", gpus=4, spot=True, bid=0.6), label_for("b" * 12, "b2"),
+                             config.ssh_key()[1])
+    assert runs(m)[-1]["InstanceMarketOptions.SpotOptions.MaxPrice"] == "2.4000"  # 0.6 $/h per GPU x 4
+    assert remote.gpus == 4 and remote.gpu_name == "A10G" and remote.spot
+    # The same label again (a create repeated after an error) is the same instance: ClientToken.
+    again = provider.create(Request(name="b2", gpu="A10G", gpus=4, spot=True, bid=0.6), label_for("b" * 12, "b2"),
+                            config.ssh_key()[1])
+    assert again.provider_id == remote.provider_id and len(m.billing()) == 1
+    provider.destroy(remote.provider_id)
+    assert m.billing() == []
+    bad = run_orch("up", "b3", "--provider", "aws", "--image", "ubuntu:22.04", "--cpu", env=env)
+    assert bad.returncode == 2 and "AMI id" in bad.stderr and runs(m)[-1]["ClientToken"] != "b3"
+
+
+# -- stop, start, the watchdog's power-off, preemption -----------------------------------------------
+def test_on_demand_stops_and_starts_on_a_new_address_and_its_watchdog_powers_it_off(ec2, orch_home):
+    from orchestrator import policy as policies
+    from orchestrator import reaper, watchdog
+
+    m, env = ec2
+    orch = open_orch()
+    inst = arrange(orch, "od")
+    provider = orch.provider("aws")
+    assert runs(m)[-1]["InstanceInitiatedShutdownBehavior"] == "stop" and "InstanceMarketOptions.MarketType" \
+        not in runs(m)[-1]
+    assert provider.self_stop_command(inst.provider_id, destroy=False) and \
+        provider.self_stop_command(inst.provider_id, destroy=True) is None
+    first = inst.ssh_host
+    run_orch("stop", "od", env=env, check=0)
+    iid = inst.provider_id.split("@")[0]
+    assert m.instance(iid).state == "stopped" and provider.get(inst.provider_id).stopped_price_hr > 0
+
+    inst = orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.02).to_json())
+    run_orch("start", "od", env=env, check=0)
+    # Read the ledger, not `orch status`: the watchdog (idle after 1.2 s) may already be powering it off.
+    inst = orch.ledger.get(inst.id)
+    assert inst.state == states.READY and orch.ledger.events(inst.id)[-1].from_state == states.STARTING
+    assert inst.ssh_host != first, "a new public address after a start"
+    assert orch.ledger.recall(inst.id, "watchdog")["commands"] == ["stop"]
+    wait_for(lambda: m.instance(iid).state == "stopped", timeout=60, what="the watchdog's power-off")
+    assert m.instance(iid).state_reason.code == "Client.InstanceInitiatedShutdown"
+    out = {o.name: o for o in reaper.reap(open_orch())}["od"]
+    assert out.state == states.STOPPED
+    stop = [e for e in orch.ledger.events(inst.id) if e.to_state == states.STOPPED and e.from_state == states.READY]
+    assert stop[-1].actor == watchdog.ACTOR
+    run_orch("down", "od", "--no-pull", env=env, check=0)
+    assert m.billing() == []
+
+
+def test_a_spot_instance_taken_back_by_the_market_is_preempted_not_lost(ec2):
+    m, env = ec2
+    orch = open_orch()
+    inst = arrange(orch, "sp", spot=True)
+    provider = orch.provider("aws")
+    assert provider.capabilities_for(True).stop is False
+    assert provider.self_stop_command(inst.provider_id, destroy=True) and \
+        provider.self_stop_command(inst.provider_id, destroy=False) is None
+    m.preempt(inst.provider_id.split("@")[0])
+    remote = provider.get(inst.provider_id)
+    assert (remote.status, remote.preempted) == (Status.GONE, True) and "SpotInstanceTermination" in remote.detail
+    refreshed = orch.refresh(orch.ledger.get(inst.id))
+    assert refreshed.state == states.PREEMPTED
+    assert "spot market" in orch.ledger.events(inst.id)[-1].reason
+    run_orch("down", "sp", "--no-pull", env=env, check=0)
+    assert m.billing() == []
+
+
+# -- reconcile and reap ------------------------------------------------------------------------------
+def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_a_failed_listing_leaves_all_alone(ec2):
+    from orchestrator import reconcile as rec
+    from orchestrator.ledger import new_id
+
+    m, env = ec2
+    orch = open_orch()
+    provider = orch.provider("aws")
+    stray = new_id()
+    provider.create(Request(name="stray", cpu=True, spot=True), label_for(stray, "stray"), config.ssh_key()[1])
+    gone = arrange(orch, "gone")
+    m.backend().terminate_instances([gone.provider_id.split("@")[0]])  # the EC2 console, say
+
+    m.fail("DescribeInstances", times=20)
+    failed = run_orch("reconcile", env=env)
+    line = next(x for x in failed.stdout.splitlines() if x.startswith("aws"))
+    assert failed.returncode == 1 and "listing failed" in line and "left alone: gone" in line, failed.stdout
+    assert orch.ledger.get(gone.id).state == states.READY, "a failed listing was read as an empty fleet"
+    m.fail("DescribeInstances", times=0)
+
+    report = {p.provider: p for p in rec.reconcile(orch).providers}["aws"]
+    assert report.adopted == ["stray"] and report.lost == ["gone"], report
+    adopted = orch.ledger.get(stray)
+    assert adopted.state == states.READY and adopted.spot and adopted.cpu_only
+    assert adopted.price_hr == pytest.approx(0.031 + 20 * 0.08 / 730), "the price at launch, from its tags"
+    orch.down(adopted)
+    assert m.billing() == []
+
+
+def test_reap_destroys_an_idle_spot_instance_it_cannot_stop(ec2, monkeypatch):
+    from orchestrator import policy as policies
+    from orchestrator import reaper
+
+    m, _ = ec2
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the reaper alone on duty
+    orch = open_orch()
+    inst = arrange(orch, "idle", spot=True)
+    orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.01).to_json())
+    time.sleep(1.5)
+    out = {o.name: o for o in reaper.reap(open_orch())}["idle"]
+    assert out.state == states.DESTROYED, out
+    assert m.billing() == []
+
+
+def test_account_key_is_the_key_pair_orch_imports(ec2):
+    m, _ = ec2
+    provider = open_orch().provider("aws")
+    pub = config.ssh_key()[1]
+    assert "not imported yet" in provider.account_key(pub)
+    provider._ensure_key("us-east-1", pub)
+    assert provider.account_key(pub).startswith("held as EC2 key pair orch-")
+
+
+def test_without_credentials_aws_is_not_asked_and_says_why_when_named(orch_home, monkeypatch):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k, raising=False)
+    assert "aws" not in [line.split()[0] for line in run_orch("reconcile", check=0).stdout.splitlines()]
+    proc = run_orch("offers", "--provider", "aws")
+    assert proc.returncode == 1 and "aws" in proc.stderr and "Traceback" not in proc.stderr
+
+
+netns.isolate(globals())

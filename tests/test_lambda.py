@@ -1,0 +1,254 @@
+"""Lambda Cloud: the `lambda` provider against a fake of Lambda's REST API v1 (tests/fakes/lambda_api.py)
+whose instances are real sshd hosts listening on port 22, as Lambda's do. The module runs in a network
+namespace of its own (tests/netns.py): only loopback is up there, and port 22 of a 127.x address is free."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from orchestrator import config, states
+from orchestrator.provider import Request, Status, label_for
+from tests import netns
+from tests.clouds import configure, legal_path, open_orch, wait_for
+from tests.conftest import needs_torch, run_orch
+from tests.fakes.hosts import sshd_available
+from tests.fakes.lambda_api import FakeLambda
+
+pytestmark = pytest.mark.skipif(not sshd_available(), reason="fake hosts need root, sshd and unshare")
+
+
+@pytest.fixture
+def lam(orch_home, tmp_path, monkeypatch):
+    """The fake, and orch's config pointing at it; yields (fake, env for run_orch)."""
+    with FakeLambda(tmp_path, launch_interval=0) as fake:
+        monkeypatch.setenv("LAMBDA_API_BASE_URL", fake.url)
+        configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                        "destroy_timeout": 20, "launch_interval": 0.3})
+        yield fake, {"LAMBDA_API_BASE_URL": fake.url}
+
+
+def launches(fake):
+    return fake.calls("POST", r"^/instance-operations/launch$")
+
+
+def arrange_gpu(orch, name: str, gpu: str = "A10"):
+    """A Lambda instance arranged ready without provisioning (tests/clouds.py `arrange`, for a GPU type).
+    This machine has no GPU, so the row says CPU-only: LibreYOLO then trains on the host's CPU; the rest
+    (launch, SSH, staging, the detached run, pull, terminate) is Lambda's path."""
+    provider = orch.provider("lambda")
+    inst = orch.ledger.create_instance(name=name, provider="lambda", label="", cpu_only=True, gpus=0)
+    remote = provider.create(Request(name=name, gpu=gpu), inst.label, config.ssh_key()[1])
+    inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
+                     price_hr=provider.prices(remote)[0], gpu_name=remote.gpu_name)
+    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
+
+
+# -- offers, and what Lambda cannot do ------------------------------------------------------------
+def test_offers_are_the_types_with_capacity_priced_from_cents(lam):
+    fake, env = lam
+    data = json.loads(run_orch("offers", "--provider", "lambda", "--on-demand", "--json", env=env, check=0).stdout)
+    rows = {r["offer_id"]: r for r in data["offers"]}
+    assert set(rows) == {"gpu_1x_a10", "gpu_1x_a100_sxm4"}, "no capacity anywhere (H100 PCIe) is no offer"
+    a10 = rows["gpu_1x_a10"]
+    assert (a10["gpu"], a10["vram_gb"], a10["gpus"]) == ("A10", 24.0, 1)
+    assert a10["price_hr"] == pytest.approx(0.75) and a10["spot_hr"] is None and a10["stopped_hr"] is None
+    assert a10["location"] == "us-east-1, us-west-1"
+    assert rows["gpu_1x_a100_sxm4"]["gpu"] == "A100 SXM"
+    eight = json.loads(run_orch("offers", "--provider", "lambda", "--gpus", "8", "--json", env=env, check=0).stdout)
+    assert [(r["gpu"], r["price_hr"]) for r in eight["offers"]] == [("H100 SXM", 23.92)]
+    two = json.loads(run_orch("offers", "--provider", "lambda", "--gpus", "2", "--gpu", "RTX A6000", "--json", env=env,
+                              check=0).stdout)
+    assert [r["gpu"] for r in two["offers"]] == ["RTX A6000"]
+    spot = json.loads(run_orch("offers", "--provider", "lambda", "--spot", "--json", env=env, check=0).stdout)
+    assert spot["offers"] == [] and not spot["partial"], "no spot market is no row, not an error"
+    assert fake.calls("GET", "/instance-types")
+
+
+def test_spot_and_stop_are_refused_in_one_line_and_nothing_is_launched(lam):
+    fake, env = lam
+    proc = run_orch("up", "s1", "--provider", "lambda", "--gpu", "A10", "--spot", env=env)
+    assert proc.returncode == 2 and proc.stderr.strip() == "orch: error: spot instances are not supported by lambda"
+    cpu = run_orch("up", "c1", "--provider", "lambda", "--cpu", env=env)
+    assert cpu.returncode == 2 and "CPU-only instances are not supported by lambda" in cpu.stderr
+    assert launches(fake) == [] and fake.instances == {}
+
+    arrange_gpu(open_orch(), "keep")
+    stop = run_orch("stop", "keep", env=env)
+    assert stop.returncode == 2 and len(stop.stderr.strip().splitlines()) == 1
+    assert "stop is not supported by lambda: use `orch down keep`" in stop.stderr
+    assert [r["status"] for r in fake.live()] == ["active"]
+    run_orch("down", "keep", "--no-pull", env=env, check=0)
+    assert fake.live() == []
+
+
+# -- up, verify, down -----------------------------------------------------------------------------
+@needs_torch
+def test_a_gpu_up_that_fails_verification_here_is_terminated(lam, orch_home):
+    fake, env = lam
+    proc = run_orch("up", "g1", "--provider", "lambda", "--gpu", "A10", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "no working NVIDIA GPU" in proc.stderr or "verify failed on the GPU" in proc.stderr, proc.stderr
+    detail = json.loads(run_orch("status", "g1", "--json", env=env, check=0).stdout)
+    assert detail["state"] == "destroyed" and "up failed" in detail["events"][-1]["reason"]
+    assert legal_path(open_orch().ledger.events(detail["id"]))[-2:] == ["destroying", "destroyed"]
+    [launch] = launches(fake)
+    key = fake.ssh_keys[0]
+    assert launch.body["ssh_key_names"] == [key["name"]] and key["name"].startswith("orch-")
+    assert key["public_key"] == " ".join((orch_home / "keys" / "id_ed25519.pub").read_text().split()[:2])
+    assert launch.body["name"] == label_for(detail["id"], "g1") and launch.body["region_name"] == "us-east-1"
+    assert launch.body["instance_type_name"] == "gpu_1x_a10" and "image" not in launch.body
+    assert fake.live() == [], "the instance that failed verify was terminated, not left billing"
+    assert fake.calls("POST", r"^/instance-operations/terminate$")
+
+
+@needs_torch
+@pytest.mark.training
+def test_an_instance_arranged_ready_trains_end_to_end_and_down_terminates_it(lam, orch_home, tmp_path):
+    from orchestrator import dataset, training
+
+    fake, env = lam
+    orch = open_orch()
+    inst = arrange_gpu(orch, "tr1")
+    assert inst.ssh_port == 22 and inst.ssh_host == fake.live()[0]["ip"]
+    spec = training.TrainSpec(data=str(dataset.synth(tmp_path / "ds", n_train=8, n_val=4)), epochs=1, imgsz=64,
+                              batch=4, train_args=training.parse_train_args(["workers=0"]))
+    training.prepare(spec, orch.home, lambda m: None)
+    run = training.launch(orch, inst, spec)
+    assert run.run_dir.endswith("/runs/r1")
+
+    def finished():
+        view = json.loads(run_orch("status", "tr1", "--json", env=env, check=0).stdout)["run"]
+        return view if view["state"] in ("completed", "failed", "crashed") else None
+
+    done = wait_for(finished, timeout=400, what="the run on Lambda to end")
+    assert done["state"] == "completed" and done["epoch"] == 1, done
+    run_orch("pull", "tr1", env=env, check=0)
+    assert (orch_home / "runs" / "tr1" / "weights" / "best.pt").stat().st_size > 0
+    down = run_orch("down", "tr1", env=env, check=0)
+    assert "destroyed" in down.stdout
+    assert fake.live() == [] and fake.instances[inst.provider_id]["status"] == "terminated"
+    assert (orch_home / "runs" / "tr1" / "weights" / "best.pt").exists(), "the weights outlive the instance"
+
+
+# -- Lambda's limits ------------------------------------------------------------------------------
+def test_a_rate_limited_launch_waits_and_a_taken_region_gives_way_to_the_next(lam, tmp_path):
+    fake, _ = lam
+    fake.launch_interval = 1.0  # Lambda's own limiter: one launch per interval (12 s there)
+    orch = open_orch()
+    provider = orch.provider("lambda")
+    pub = config.ssh_key()[1]
+    first = provider.create(Request(name="a", gpu="A10"), label_for("a" * 12, "a"), pub)
+    t = time.monotonic()
+    second = provider.create(Request(name="b", gpu="A10"), label_for("b" * 12, "b"), pub)
+    statuses = [c.status for c in launches(fake)]
+    assert statuses[0] == statuses[-1] == 200 and set(statuses[1:-1]) == {429}, statuses
+    assert time.monotonic() - t >= 0.9 and first.provider_id != second.provider_id, "the 429s were waited out"
+    assert len(fake.live()) == 2, "a launch refused by the rate limit made nothing"
+
+    fake.launch_interval = 0
+    fake.take_capacity("gpu_1x_a10", "us-east-1")  # someone takes the last A10 there, after orch looked
+    third = provider.create(Request(name="c", gpu="A10"), label_for("c" * 12, "c"), pub)
+    tried = [(c.body["region_name"], c.status) for c in launches(fake)[len(statuses):]]
+    assert tried == [("us-east-1", 400), ("us-west-1", 200)]
+    assert fake.instances[third.provider_id]["region"]["name"] == "us-west-1"
+    assert len(fake.ssh_keys) == 1, "orch's key is added once"
+    for r in (first, second, third):
+        provider.destroy(r.provider_id)
+    assert fake.live() == []
+
+
+def test_account_key_is_checked_where_lambda_keeps_keys(lam):
+    fake, _ = lam
+    provider = open_orch().provider("lambda")
+    pub = config.ssh_key()[1]
+    assert "not in the Lambda account yet" in provider.account_key(pub)
+    provider._ensure_key(pub)
+    assert provider.account_key(pub).startswith("held by the Lambda account as SSH key 'orch-")
+    name = fake.ssh_keys[0]["name"]
+    fake.ssh_keys[0]["public_key"] = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherKeyOtherKeyOtherKeyOtherKeyOther0"
+    from orchestrator.errors import ProviderError
+
+    with pytest.raises(ProviderError, match=f"{name}.*not orch's key"):
+        provider.account_key(pub)
+
+
+def test_a_bad_key_is_one_line_and_exit_1(lam, orch_home):
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": "wrong", "ssh_user": "root"})
+    proc = run_orch("up", "k1", "--provider", "lambda", "--gpu", "A10", env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "Lambda Cloud refused the API key" in proc.stderr and "wrong" not in proc.stderr
+    assert fake.instances == {}
+
+
+# -- reconcile, reap, preemption, secrets -----------------------------------------------------------
+def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_leaves_all_alone_when_the_listing_fails(lam):
+    from orchestrator import reconcile as rec
+    from orchestrator.ledger import new_id
+
+    fake, env = lam
+    orch = open_orch()
+    provider = orch.provider("lambda")
+    stray = new_id()
+    provider.create(Request(name="stray", gpu="A10"), label_for(stray, "stray"), config.ssh_key()[1])
+    gone = arrange_gpu(orch, "gone")
+    provider.destroy(gone.provider_id)  # the Lambda console, say
+
+    fake.inject(500, {"error": {"code": "global/unknown", "message": "Internal error."}}, method="GET",
+                path=r"^/instances$", times=20)
+    failed = run_orch("reconcile", env=env)
+    line = next(x for x in failed.stdout.splitlines() if x.startswith("lambda"))
+    assert failed.returncode == 1 and "listing failed" in line and "left alone: gone" in line
+    assert orch.ledger.get(gone.id).state == states.READY, "a failed listing was read as an empty fleet"
+    fake._faults.clear()
+
+    report = {p.provider: p for p in rec.reconcile(orch).providers}["lambda"]
+    assert report.adopted == ["stray"] and report.lost == ["gone"], report
+    adopted = orch.ledger.get(stray)
+    assert adopted.state == states.READY and adopted.provider == "lambda" and adopted.price_hr == pytest.approx(0.75)
+    assert adopted.gpu_name == "A10" and adopted.ssh_port == 22
+    # jupyter_token is a login to the instance: it never reaches the ledger.
+    token = next(r["jupyter_token"] for r in fake.instances.values() if r["name"] == adopted.label)
+    db = orch.home / "ledger.db"
+    if db.exists():
+        assert token.encode() not in db.read_bytes() and fake.key.encode() not in db.read_bytes()
+    orch.down(adopted)
+    assert fake.live() == []
+
+
+def test_reap_destroys_an_idle_instance_it_cannot_stop(lam, monkeypatch):
+    from orchestrator import policy as policies
+    from orchestrator import reaper
+
+    fake, _ = lam
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the reaper alone on duty
+    orch = open_orch()
+    inst = arrange_gpu(orch, "idle")
+    orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.01).to_json())
+    time.sleep(1.5)
+    out = {o.name: o for o in reaper.reap(open_orch())}["idle"]
+    assert out.state == states.DESTROYED, out
+    assert "stop is not supported by lambda" in " ".join(e.reason for e in orch.ledger.events(inst.id))
+    assert fake.live() == []
+
+
+def test_a_preempted_or_broken_instance_is_recorded_so(lam):
+    fake, _ = lam
+    orch = open_orch()
+    spot = arrange_gpu(orch, "taken")
+    fake.preempt(spot.provider_id)
+    assert orch.refresh(orch.ledger.get(spot.id)).state == states.PREEMPTED
+    sick = arrange_gpu(orch, "sick")
+    fake.break_host(sick.provider_id)
+    assert orch.provider("lambda").get(sick.provider_id).status == Status.BROKEN
+    assert orch.refresh(orch.ledger.get(sick.id)).state == states.BROKEN
+    for inst in (spot, sick):
+        orch.down(orch.ledger.get(inst.id))
+    assert fake.live() == []
+
+
+netns.isolate(globals())
