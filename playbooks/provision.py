@@ -5,8 +5,8 @@ volume at ``/workspace`` survives), so whatever orch installed outside the volum
 missing and installed again, and whatever lives on the volume reused.
 
 Which Python: the one recorded in the work dir by an earlier provisioning, if it still works; else
-the first of ``$ORCH_PYTHON`` (the local provider points it at the controller's own), ``python3``
-and ``python``. When that Python has a torch that works for the device and LibreYOLO, nothing is
+the first of ``$ORCH_PYTHON`` (the local provider points it at the controller's own),
+``/opt/pytorch/bin/python`` (AWS's Deep Learning AMIs), ``python3`` and ``python``. When that Python has a torch that works for the device and LibreYOLO, nothing is
 installed. Otherwise orch installs into a virtual environment in the work dir, which is on the
 volume where the provider has one, made with ``--system-site-packages`` so that the image's own
 torch is used when it works: after a restart nothing needs installing again (measured in
@@ -37,7 +37,9 @@ def _q(s: str) -> str:
 def base_python(c) -> str:
     """The Python to start from: the recorded one if it still runs, else the image's."""
     rec = _q(f"{host.workdir(c)}/python")
-    out = remote.run(c, f'for p in "$(cat {rec} 2>/dev/null)" "$ORCH_PYTHON" python3 python; do '
+    # /opt/pytorch/bin/python: where AWS's Deep Learning AMIs keep their PyTorch (each DLAMI release
+    # note's "python_location"); on its PATH is a bare python3 without torch.
+    out = remote.run(c, f'for p in "$(cat {rec} 2>/dev/null)" "$ORCH_PYTHON" /opt/pytorch/bin/python python3 python; do '
                         '[ -n "$p" ] && command -v "$p" >/dev/null 2>&1 && '
                         '"$p" -c "import sys; assert sys.version_info >= (3, 9)" 2>/dev/null && '
                         '{ command -v "$p"; break; }; done', check=False)

@@ -62,6 +62,7 @@ def search(**query):
     ("NVIDIA A100-SXM4-80GB", "A100 SXM"), ("A100 SXM4", "A100 SXM"), ("NVIDIA A100 80GB PCIe", "A100 PCIe"),
     ("RTX 4080S", "RTX 4080 SUPER"), ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"), ("RTX 6000Ada", "RTX 6000 Ada"),
     ("Tesla V100-SXM2-16GB", "V100 SXM"), ("3090 Ti", "RTX 3090 Ti"), ("Q RTX 8000", "Q RTX 8000"),
+    ("A6000", "RTX A6000"), ("NVIDIA RTX A6000", "RTX A6000"),
 ])
 def test_gpu_names_normalise(spelling, name):
     assert gpus.canonical(spelling) == name
