@@ -62,10 +62,9 @@ def run(
         plugins.provider_class(p)
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
-    if spec.save_period is None:
+    chose_period = spec.save_period is None
+    if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
-        say(f"      save_period: every {spec.save_period} epoch(s), about ten epoch_N.pt milestones for "
-            f"{spec.epochs} epochs (--save-period to choose)")
     folder = config.home() / "runs" / name
     if spec.resume:
         if not (folder / "weights" / "last.pt").is_file():
@@ -79,6 +78,9 @@ def run(
     if taken is not None and taken.state in jobs.ACTIVE:
         raise UsageError(f"a job named {name!r} is already {taken.state} (`orch jobs show {name}`)")
     training.prepare(spec, orch.home, say)
+    if chose_period:  # said once the data is known good: a refusal stays one line
+        say(f"      save_period: every {spec.save_period} epoch(s), {spec.epochs // spec.save_period} epoch_N.pt "
+            f"milestones for {spec.epochs} epochs (--save-period to choose)")
     if options["disk"] is None:
         disk, why = training.disk_for(spec)
         request = replace(request, disk_gb=disk)

@@ -1,0 +1,178 @@
+"""`orch run` and `orch jobs`: a dataset in, weights home, no instance left, across lost machines.
+
+The local provider for the plain job; the fake RunPod (the real SDK, real sshd pods) for losses
+made from the provider's side, as a host failure or a crash would make them. Between two looks a
+job moves only when something advances it (`orch jobs show`, `orch reap`), as on a laptop whose
+reaper is installed: the tests advance it with `orch reap`, one pass at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from orchestrator import dataset
+from tests.clouds import configure, open_orch
+from tests.conftest import needs_torch, run_orch
+from tests.fakes.runpod_api import FakeRunPod
+
+TRAIN = ("--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0")
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return dataset.synth(tmp_path_factory.mktemp("jobs") / "birds", n_train=4, n_val=2, imgsz=64)
+
+
+@pytest.fixture
+def runpod(orch_home, tmp_path, monkeypatch):
+    with FakeRunPod(tmp_path / "runpod") as fake:
+        monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
+        configure(orch_home, "runpod", fake.settings())
+        yield fake, {"RUNPOD_API_BASE_URL": fake.url}
+
+
+def show(name, env=None) -> dict:
+    return json.loads(run_orch("jobs", "show", name, "--json", env=env, check=0).stdout)
+
+
+def epochs_in(path) -> list[int]:
+    return [json.loads(line)["epoch"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def live_instances() -> list:
+    return [i for i in open_orch().ledger.instances() if i.state not in ("destroyed", "failed", "lost")]
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(orch_home, ds):
+    proc = run_orch("run", "j1", "--data", ds, "--epochs", "2", *TRAIN, "--wait", "--json", check=0)
+    job = json.loads(proc.stdout)
+    assert job["state"] == "completed" and job["name"] == "j1"
+    assert [a["state"] for a in job["attempts"]] == ["completed"] and job["attempts"][0]["instance_state"] == "destroyed"
+    folder = orch_home / "runs" / "j1"
+    assert job["weights"] == str(folder) and (folder / "weights" / "best.pt").stat().st_size > 0
+    assert epochs_in(folder / "metrics.jsonl") == [1, 2]
+    assert job["cost"] == 0.0 and {"provision", "train", "pull"} <= set(job["phases"])
+    assert "plan:" in proc.stderr and live_instances() == []
+    listed = json.loads(run_orch("jobs", "--json", check=0).stdout)
+    assert [(j["name"], j["state"]) for j in listed] == [("j1", "completed")]
+    assert show("j1")["weights"] == job["weights"]
+    # The run reached epoch 2: a resume to 2 epochs is refused up front, with the epoch it reached.
+    up = run_orch("up", "j1", "--data", ds, "--resume", "--epochs", "2", *TRAIN, check=2)
+    assert "already reached epoch 2 of 2" in up.stderr and len(up.stderr.strip().splitlines()) == 1
+    assert live_instances() == []
+
+
+def _advance_until(name, done, env, timeout=240.0, every=1.0) -> dict:
+    """Reaper passes (each advances every job once) until ``done(job)``."""
+    end = time.monotonic() + timeout
+    while True:
+        run_orch("reap", env=env, check=0)
+        job = show(name, env)
+        if done(job):
+            return job
+        assert time.monotonic() < end, f"job {name} is still {job['state']}: {job['history'][-3:]}"
+        time.sleep(every)
+
+
+def _pod_of(fake, attempt: str):
+    return next(p for p in fake.live() if attempt in p.name)
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_restarts(orch_home, ds, runpod):
+    fake, env = runpod
+    epochs = 8
+    run_orch("run", "jr", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
+             env=env, check=0)
+    job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5)
+    assert job["state"] == "running" and job["epoch"] < epochs
+    pod = _pod_of(fake, "jr-a1")
+    with fake._lock:  # the host fails: RunPod's side terminates the pod, its disk with it
+        fake._podTerminate(pod, {})
+    lost_at = time.time()
+    job = _advance_until("jr", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running", env)
+    again = time.time() - lost_at
+    second = job["attempts"][1]
+    first = job["attempts"][0]
+    assert first["state"] == "lost" and first["reason"]
+    assert second["start_epoch"] >= 3, "resumed from the pulled checkpoint, not from epoch 1"
+    job = _advance_until("jr", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300)
+    assert job["state"] == "completed", job["history"][-5:]
+    folder = orch_home / "runs" / "jr"
+    assert epochs_in(folder / "metrics.jsonl") == list(range(1, epochs + 1))
+    assert (folder / "weights" / "best.pt").stat().st_size > 0
+    assert fake.live() == [] and live_instances() == []
+    print(f"loss to training again: {again:.1f} s (reaper passes back to back)")
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
+    fake, env = runpod
+    epochs = 10
+    run_orch("run", "jt", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
+             env=env, check=0)
+    job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5)
+    kept = job["checkpoint_epoch"]
+    pod = _pod_of(fake, "jt-a1")
+    run_dir = json.loads(run_orch("status", "jt-a1", "--json", env=env, check=0).stdout)["run"]["run_dir"]
+    # With nothing advancing the job, let the instance's training get ahead of the copy kept at home...
+    end = time.monotonic() + 120
+    while int(pod.host.run(f"wc -l < {run_dir}/metrics.jsonl").stdout.strip() or 0) < kept + 2:
+        assert time.monotonic() < end, "the training did not get ahead"
+        time.sleep(0.5)
+    # ...then it dies while torch.save is writing last.pt: the newest file on the instance is torn.
+    pod.host.run("pkill -9 -f train_entry.py; sleep 0.5")
+    size = int(pod.host.run(f"stat -c %s {run_dir}/weights/last.pt").stdout)
+    pod.host.run(f"truncate -s {size // 3} {run_dir}/weights/last.pt")
+    job = _advance_until("jt", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running", env)
+    second = job["attempts"][1]
+    assert second["start_epoch"] == kept + 1, f"resumed from the intact copy of epoch {kept}: {second}"
+    job = _advance_until("jt", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300)
+    assert job["state"] == "completed", job["history"][-5:]
+    assert epochs_in(orch_home / "runs" / "jt" / "metrics.jsonl") == list(range(1, epochs + 1))
+    assert fake.live() == []
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_cancelled_job_ends_cancelled_with_no_instance_left(orch_home, ds):
+    run_orch("run", "jc", "--data", ds, "--epochs", "200", *TRAIN, check=0)
+    assert show("jc")["state"] == "running"
+    proc = run_orch("jobs", "cancel", "jc", check=0)
+    job = show("jc")
+    assert job["state"] == "cancelled" and "cancel" in proc.stderr + proc.stdout
+    assert live_instances() == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (("run", "Bad Name", "--data", "{ds}", "--cpu"), "name"),
+    (("run", "j", "--cpu"), "--data"),
+    (("run", "j", "--data", "{ds}", "--provider", "nosuch"), "nosuch"),
+    (("run", "j", "--data", "{ds}", "--cpu", "--retries", "-1"), "--retries"),
+    (("run", "j", "--data", "{ds}", "--cpu", "--max-cost", "0"), "--max-cost"),
+    (("run", "j", "--data", "/nonexistent/ds", "--cpu"), "/nonexistent/ds"),
+    (("jobs", "show", "nosuch"), "nosuch"),
+    (("jobs", "cancel", "nosuch"), "nosuch"),
+])
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(orch_home, ds, args, says):
+    proc = run_orch(*[a.replace("{ds}", str(ds)) for a in args], check=2)
+    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (orch_home / "runs").exists() or not any((orch_home / "runs").iterdir())
+    if (orch_home / "ledger.db").exists():
+        assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
+
+
+def test_a_plan_over_max_cost_is_refused_before_anything_is_rented(orch_home, ds, runpod):
+    fake, env = runpod
+    proc = run_orch("run", "jm", "--provider", "runpod", "--gpu", "RTX 4090", "--data", ds, "--epochs", "100",
+                    "--max-cost", "0.0001", env=env, check=2)
+    assert "over --max-cost" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("orch: error:")
+    assert fake.inputs("podFindAndDeployOnDemand") == [] and fake.live() == []
+    assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
