@@ -351,6 +351,10 @@ def _end_attempt(orch, attempt, state: str, reason: str):
 def _finish_job(orch, job, state: str, reason: str, **fields):
     job = orch.ledger.update_job(job.id, expect=ACTIVE, state=state, reason=reason[:2000], ended_at=_now(),
                                  cost_usd=cost(orch, job), **fields)
+    if state in (COMPLETED, FAILED):  # what a user waits to hear about, with the laptop closed
+        from orchestrator import notify
+
+        notify.job_ended(job.name, state, reason)
     return note(orch, job, f"{state}: {reason}")
 
 
@@ -889,6 +893,8 @@ def _complete(orch, job, attempt, inst, run, how: str):
                 ended = f"NOT destroyed ({problem})"
     job = _job_phase(orch, job, "teardown", time.monotonic() - t0)
     epochs = JobSpec.from_json(job.spec).train.epochs
+    # The resume copies served their purpose: the verified weights are in dest (last.pt among them).
+    shutil.rmtree(job_dir(orch.home, job.name), ignore_errors=True)
     return _finish_job(orch, job, COMPLETED, f"{epochs} epochs; {how}; weights in {dest}; instance {inst.name} {ended}",
                        weights=str(dest), epoch=max(job.epoch or 0, epochs))
 

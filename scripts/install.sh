@@ -15,6 +15,16 @@ packages=()
 if [ $test_deps = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then packages+=(postgresql); fi
 # The tests' fake cloud hosts run commands through root's login shell; some log in to zsh.
 if [ $test_deps = 1 ] && ! command -v zsh >/dev/null; then packages+=(zsh); fi
+# `orch ssh-config` is tried with rsync as well as ssh and scp.
+if [ $test_deps = 1 ] && ! command -v rsync >/dev/null; then packages+=(rsync); fi
+# The dashboard's test drives Debian's headless Chromium through Playwright (never `playwright install`).
+if [ $test_deps = 1 ] && ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
+  if apt-cache policy chromium-headless-shell 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    packages+=(chromium-headless-shell)
+  else
+    packages+=(chromium)
+  fi
+fi
 if [ ${#packages[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null; then
     echo "installing ${packages[*]} (apt)"

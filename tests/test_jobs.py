@@ -49,6 +49,10 @@ def live_instances() -> list:
 @needs_torch
 @pytest.mark.training
 def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(orch_home, ds):
+    from tests.test_notify import Hook, write_config
+
+    hook = Hook()  # the job's end is posted to the webhook in config.toml
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["job"]\n')
     proc = run_orch("run", "j1", "--data", ds, "--epochs", "2", *TRAIN, "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["name"] == "j1"
@@ -57,7 +61,10 @@ def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(
     assert job["weights"] == str(folder) and (folder / "weights" / "best.pt").stat().st_size > 0
     assert epochs_in(folder / "metrics.jsonl") == [1, 2]
     assert job["cost"] == 0.0 and {"provision", "train", "pull"} <= set(job["phases"])
+    assert not (orch_home / "jobs" / "j1").exists(), "the resume copies go once the weights are home"
     assert "plan:" in proc.stderr and live_instances() == []
+    assert [t.split(":")[0] for t in hook.texts()] == ["orch"] and "job j1 completed" in hook.texts()[0]
+    hook.shutdown()
     listed = json.loads(run_orch("jobs", "--json", check=0).stdout)
     assert [(j["name"], j["state"]) for j in listed] == [("j1", "completed")]
     assert show("j1")["weights"] == job["weights"]
@@ -142,13 +149,61 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
 
 @needs_torch
 @pytest.mark.training
-def test_a_cancelled_job_ends_cancelled_with_no_instance_left(orch_home, ds):
-    run_orch("run", "jc", "--data", ds, "--epochs", "200", *TRAIN, check=0)
-    assert show("jc")["state"] == "running"
-    proc = run_orch("jobs", "cancel", "jc", check=0)
+def test_ctrl_c_leaves_the_job_running_and_cancel_ends_it_with_no_instance_left(orch_home, ds):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "jc", "--data", str(ds), "--epochs", "200",
+                             *TRAIN, "--wait"], stderr=subprocess.PIPE, text=True, cwd=ROOT, env=os.environ.copy())
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        if "training on local" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "orch jobs cancel jc" in rest, seen + rest
+    assert show("jc")["state"] == "running" and len(live_instances()) == 1
+    cancel = run_orch("jobs", "cancel", "jc", check=0)
     job = show("jc")
-    assert job["state"] == "cancelled" and "cancel" in proc.stderr + proc.stdout
+    assert job["state"] == "cancelled" and "cancel" in cancel.stderr + cancel.stdout
     assert live_instances() == []
+
+
+@needs_torch
+@pytest.mark.training
+def test_max_cost_is_a_hard_cap_while_the_job_runs(orch_home, ds):
+    configure(orch_home, "local", {"price_per_hour": 360.0})  # 0.10 $ a second: the cap comes quickly
+    # A reaper scheduled every 5 s: the job looks 5 s ahead ($0.50) so the cap is not crossed between looks.
+    open_orch().ledger.set_meta("reaper:schedule", json.dumps({"every": 5}))
+    run_orch("run", "jx", "--data", ds, "--epochs", "500", *TRAIN, "--max-cost", "3", check=0)
+    end = time.monotonic() + 240
+    while (job := show("jx"))["state"] in ("planned", "running", "recovering"):
+        assert time.monotonic() < end, job["history"][-3:]
+        run_orch("reap", check=0)
+        time.sleep(1)
+    assert job["state"] == "failed" and "max-cost" in job["reason"], job["reason"]
+    assert live_instances() == []
+    assert job["cost"] <= 3 * 1.5, f"the cap held within a look: ${job['cost']:.2f} spent for a $3 cap"
+    # What it trained came home first: the final pull, or (when the instance's own deadline, the same
+    # cap, stopped it before the job's look) the last intact checkpoint copy the reason names.
+    home = list((orch_home / "runs" / "jx").rglob("last.pt")) + list((orch_home / "jobs" / "jx").rglob("last.pt"))
+    # (Under a loaded machine the cap may come before the first epoch: then there is nothing to bring.)
+    if job["epoch"] is not None:
+        assert home and (job["checkpoint_epoch"] is None or str(job["checkpoint_epoch"]) in job["reason"]), job["reason"]
+
+
+@needs_torch
+@pytest.mark.training
+def test_keep_stops_the_instance_instead_of_destroying_it(orch_home, ds):
+    job = json.loads(run_orch("run", "jk", "--data", ds, "--epochs", "1", *TRAIN, "--keep", "--wait", "--json",
+                              check=0).stdout)
+    assert job["state"] == "completed" and job["attempts"][0]["instance_state"] == "stopped"
+    run_orch("down", "jk-a1", "--no-pull", check=0)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -12,7 +12,7 @@ import sys
 import typer
 
 app = typer.Typer(help="Rent GPUs, train on them, bring the weights home, never leave a machine billing.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None, add_completion=False,
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None, add_completion=True,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 
@@ -45,3 +45,34 @@ def emit_json(data) -> None:
 def one_line(text: str) -> str:
     """An error as one line: a newline or a control character from the user's input is shown escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
+
+
+# Commands whose NAME argument is an existing instance (`up` names a new one, `jobs` names jobs).
+INSTANCE_COMMANDS = frozenset({"status", "ssh", "stop", "start", "down", "pull", "logs", "monitor", "trial", "cost",
+                               "protect", "unprotect"})
+
+
+def instance_names(incomplete: str) -> list[str]:
+    """Names in the ledger that start with ``incomplete``, for shell completion: read from SQLite
+    with the standard library (no SQLAlchemy: a Tab must answer at once); nothing when it cannot."""
+    try:
+        from migrations import HEAD
+        from orchestrator import config
+        from orchestrator.views import fast_read
+
+        url = config.database_url()
+        found = fast_read(config.sqlite_path(url), HEAD, False, ()) if url.startswith("sqlite") else None
+    except Exception:  # noqa: BLE001 - a completion never prints an error into the user's prompt
+        return []
+    names = sorted({row["name"] for row in (found or ([], {}))[0]})
+    return [n for n in names if n.startswith(incomplete)]
+
+
+def complete_instance_names(command) -> None:
+    """Give each instance command's NAME argument the ledger's names as completions."""
+    for name, sub in getattr(command, "commands", {}).items():
+        if name in INSTANCE_COMMANDS:
+            for param in sub.params:
+                if param.name == "name" and param.param_type_name == "argument":
+                    # click's hook for a parameter's completions (what Typer's autocompletion= sets)
+                    param._custom_shell_complete = lambda ctx, param, incomplete: instance_names(incomplete)

@@ -77,7 +77,12 @@ def up(
         from orchestrator import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
+    chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
     provider = plugins.default_provider() if provider is None else provider
+    if not chose and not orch.provider(provider).capabilities.gpu and orch.provider(provider).capabilities.cpu_only:
+        # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
+        request = replace(request, cpu=True)
+        say(f"{provider} has no GPU on this machine: {name} is a CPU instance (--provider and --gpu choose otherwise)")
     holder = {}
 
     def start_training(inst):

@@ -9,6 +9,7 @@ and ``--provider`` repeatable (the providers to rank). What a job is and how it 
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -108,10 +109,10 @@ def run(
     except KeyboardInterrupt:
         say(f"\norch: the job goes on: `orch jobs show {name}` follows it, `orch jobs cancel {name}` stops it"
             + _reaper_hint(orch))
-        raise typer.Exit(130) from None
+        sys.exit(130)
     _show(orch, job, as_json)
     if job.state == jobs.FAILED:
-        raise typer.Exit(1)
+        sys.exit(1)
 
 
 def _signature() -> inspect.Signature:

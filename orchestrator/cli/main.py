@@ -35,7 +35,12 @@ def run() -> None:
     from orchestrator.errors import OrchError
 
     try:
-        app(standalone_mode=False, prog_name="orch")  # named, not "python -m orchestrator": completion keys on it
+        command = typer.main.get_command(app)
+        if os.environ.get("_ORCH_COMPLETE"):  # the shell asks for completions (Typer's scripts set this)
+            from orchestrator.cli.app import complete_instance_names
+
+            complete_instance_names(command)
+        command.main(standalone_mode=False, prog_name="orch")  # named, not "python -m orchestrator": completion keys on it
     except OrchError as e:
         print(f"orch: error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -1,0 +1,127 @@
+"""What a user meets first: shell completion, a first `orch up NAME` without flags, help without markup."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, run_orch
+
+
+def has_local_gpu() -> bool:
+    from providers.local import local_gpus
+
+    return bool(local_gpus())
+
+
+def complete(words: str, env=None) -> subprocess.CompletedProcess:
+    """What bash's completion function (from `orch --show-completion bash`) runs on a Tab."""
+    parts = words.split(" ")
+    full = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), "_ORCH_COMPLETE": "complete_bash",
+            **(env or {})}
+    return subprocess.run([sys.executable, "-m", "orchestrator"], capture_output=True, text=True, env=full,
+                          timeout=60, cwd=ROOT)
+
+
+def test_show_completion_prints_a_bash_script(orch_home):
+    proc = run_orch("--show-completion", "bash", check=0)
+    assert "_ORCH_COMPLETE=complete_bash" in proc.stdout
+    assert "complete -o default -F _orch_completion orch" in proc.stdout
+    assert "--install-completion" in run_orch("--help", check=0).stdout
+
+
+def test_completion_offers_instance_names_fast_and_without_sqlalchemy(orch_home):
+    run_orch("up", "box1", "--cpu", check=0)
+    run_orch("up", "alpha", "--cpu", check=0)
+    # Through the script itself, as bash runs it: complete `orch ssh b<Tab>`.
+    script = run_orch("--show-completion", "bash", check=0).stdout
+    bash = (f"{script}\n"
+            "COMP_WORDS=(orch ssh b); COMP_CWORD=2; _orch_completion orch; printf '%s\\n' \"${COMPREPLY[@]}\"")
+    shim = orch_home.parent / "bin"
+    shim.mkdir()
+    (shim / "orch").write_text(f"#!/bin/sh\ncd {ROOT} && exec {sys.executable} -m orchestrator \"$@\"\n")
+    (shim / "orch").chmod(0o755)
+    out = subprocess.run(["bash", "-c", bash], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}).stdout
+    assert out.split() == ["box1"]
+
+    assert complete("orch stop ").stdout.split() == ["alpha", "box1"]
+    assert complete("orch down a").stdout.split() == ["alpha"]
+    assert complete("orch up b").stdout.split() == []  # `up` names a new instance
+    assert "stop" in complete("orch st").stdout.split()
+
+    start = time.monotonic()
+    complete("orch ssh ")
+    assert time.monotonic() - start < 3.0  # a Tab answers at once (interpreter start included)
+
+    code = ("import os, sys\nos.environ.update(COMP_WORDS='orch ssh ', COMP_CWORD='2', _ORCH_COMPLETE='complete_bash')\n"
+            "sys.argv = ['orch']\nfrom orchestrator.cli.main import main\ntry: main()\nexcept SystemExit: pass\n"
+            "print('HEAVY', [m for m in ('sqlalchemy', 'alembic', 'fabric', 'paramiko', 'torch') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY []"
+    assert out.split()[:2] == ["alpha", "box1"]
+    for name in ("box1", "alpha"):
+        run_orch("down", name, check=0)
+
+
+def test_completion_without_a_ledger_offers_nothing_and_makes_nothing(orch_home):
+    proc = complete("orch ssh ")
+    assert proc.returncode == 0 and proc.stdout.split() == [] and proc.stderr == ""
+    assert not (orch_home / "ledger.db").exists()
+
+
+@pytest.mark.skipif(has_local_gpu(), reason="on a machine with a GPU the first run makes a GPU instance")
+def test_first_run_without_flags_is_a_cpu_instance_on_the_local_provider(orch_home):
+    proc = run_orch("up", "box1", check=0)
+    said = [line for line in proc.stderr.splitlines() if "CPU instance" in line]
+    assert len(said) == 1 and "local" in said[0] and "no GPU" in said[0], proc.stderr
+    [row] = json.loads(run_orch("status", "--json", check=0).stdout)
+    assert (row["name"], row["provider"], row["state"], row["cpu_only"]) == ("box1", "local", "ready", True)
+    run_orch("down", "box1", check=0)
+
+
+@pytest.mark.skipif(has_local_gpu(), reason="the local provider has a GPU on this machine")
+def test_an_explicit_gpu_on_a_machine_without_one_is_still_refused(orch_home):
+    proc = run_orch("up", "box2", "--gpu", "RTX 4090")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--cpu" in proc.stderr
+    assert json.loads(run_orch("status", "--all", "--json", check=0).stdout) == []
+
+
+def test_help_texts_have_no_restructuredtext_markup():
+    import click
+    import typer
+
+    from orchestrator.cli.app import app
+    from orchestrator.cli import (check, dashboard, data, db, demo, instances, jobs, offers, reaper,  # noqa: F401
+                                  reconcile, sshconfig)
+
+    root = typer.main.get_command(app)
+    seen = []
+
+    def walk(cmd, ctx):
+        text = cmd.get_help(ctx)
+        seen.append(ctx.command_path)
+        assert "``" not in text, f"{ctx.command_path} --help:\n{text}"
+        assert not re.search(r"^\s*\.\. \w+::|:\w+:`", text, re.M), ctx.command_path  # directives, roles
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, click.Context(sub, info_name=name, parent=ctx))
+
+    walk(root, click.Context(root, info_name="orch"))
+    assert {"orch ssh", "orch ssh-config", "orch dashboard", "orch jobs"} <= set(seen)
+
+
+def test_install_completion_puts_the_script_where_bash_reads_it(orch_home):
+    from pathlib import Path
+
+    proc = run_orch("--install-completion", "bash", check=0)
+    assert "installed" in proc.stdout + proc.stderr
+    home = Path.home()
+    assert "orch.sh" in (home / ".bashrc").read_text()
+    shown = subprocess.run(["bash", "-c", "source ~/.bashrc && complete -p orch"], capture_output=True, text=True,
+                           env={**os.environ, "HOME": str(home)}, timeout=30).stdout
+    assert "_orch_completion" in shown

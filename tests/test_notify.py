@@ -1,0 +1,167 @@
+"""Notifications: lifecycle events posted to a webhook (Slack's JSON) on a loopback HTTP server."""
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.conftest import ROOT, run_orch
+
+SECRET = "T0SECRET/B0SECRET/XyZzy0123456789secret"
+
+
+class Hook(ThreadingHTTPServer):
+    """A webhook that keeps what it was sent; ``status`` is what it answers."""
+
+    daemon_threads = True
+
+    def __init__(self, status=200):
+        self.posts, self.status = [], status
+        super().__init__(("127.0.0.1", 0), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/services/{SECRET}"
+
+    def texts(self) -> list[str]:
+        return [p["body"]["text"] for p in self.posts]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.posts.append({"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)})
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hook():
+    server = Hook()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def write_config(home, text: str) -> None:
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (home / "config.toml").write_text(text)
+    (home / "config.toml").chmod(0o600)
+
+
+def secret_nowhere(home, *procs) -> None:
+    """The URL's secret part is in config.toml and nowhere else orch wrote or said."""
+    for proc in procs:
+        assert SECRET not in proc.stdout + proc.stderr and "XyZzy" not in proc.stdout + proc.stderr
+    for f in home.rglob("*"):
+        if f.is_file() and f.name != "config.toml" and not f.is_symlink():
+            assert b"XyZzy" not in f.read_bytes(), f
+
+
+def reap_until(predicate, timeout=90) -> list:
+    """`orch reap` passes until ``predicate()`` (the watchdog on the instance acts on its own clock)."""
+    procs, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        procs.append(run_orch("reap", check=0))
+        if predicate():
+            return procs
+        time.sleep(2)
+    raise AssertionError(f"not seen in {timeout} s: {[p.stdout for p in procs[-2:]]}")
+
+
+def test_an_instance_destroyed_by_its_watchdog_is_posted_once_without_the_url_anywhere(orch_home, hook):
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\n')
+    up = run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
+    assert hook.posts == []  # coming up is no news
+    procs = reap_until(lambda: hook.posts)
+    time.sleep(1)
+    [post] = hook.posts
+    assert post["path"] == f"/services/{SECRET}" and post["type"] == "application/json"
+    assert set(post["body"]) == {"text"}
+    text = post["body"]["text"]
+    assert "box1" in text and "local" in text and "destroyed" in text and "watchdog" in text, text
+    status = run_orch("status", "box1", "--json", check=0)
+    secret_nowhere(orch_home, up, status, *procs)
+    ledger = (orch_home / "ledger.db").read_bytes()
+    assert b"XyZzy" not in ledger and b"127.0.0.1:%d" % hook.server_address[1] not in ledger
+
+
+def test_an_instance_gone_from_its_provider_is_posted_as_lost(orch_home, hook):
+    from providers import local
+
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["lost"]\n')
+    run_orch("up", "box1", "--cpu", check=0)
+    [folder] = (orch_home / "local").iterdir()
+    local.kill_instance(folder, folder.name.split("-")[1], timeout=5)  # someone else deleted it
+    shutil.rmtree(folder)
+    proc = run_orch("reconcile", check=0)
+    time.sleep(1)
+    [text] = hook.texts()
+    assert text.startswith("orch: box1 on local") and "is lost" in text, text
+    secret_nowhere(orch_home, proc)
+
+
+def test_events_not_asked_for_are_not_posted(orch_home, hook):
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["preempted", "job"]\n')
+    run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
+    reap_until(lambda: json.loads(run_orch("status", "--json", check=0).stdout) == [])
+    time.sleep(1)
+    assert hook.posts == []
+
+
+def test_a_failing_webhook_is_one_warning_without_the_url_and_never_the_commands_failure(orch_home):
+    broken = Hook(status=500)
+    try:
+        write_config(orch_home, f'[notify]\nwebhook_url = "{broken.url}"\n')
+        run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
+        procs = reap_until(lambda: broken.posts)
+        warned = [line for p in procs for line in p.stderr.splitlines() if "notification" in line]
+        assert len(warned) == 1 and "HTTP 500" in warned[0], warned
+        secret_nowhere(orch_home, *procs)
+    finally:
+        broken.shutdown()
+        broken.server_close()
+
+    # Nothing listening there any more: refused, said in one line, still without the URL.
+    code = ("from orchestrator import notify\n"
+            f"notify.post({broken.url!r}, 'hello').join(10)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0 and len(proc.stderr.strip().splitlines()) == 1 and "not delivered" in proc.stderr
+    assert SECRET not in proc.stderr and "services" not in proc.stderr
+
+
+def test_a_finished_job_is_posted_with_slack_markup_escaped(orch_home, hook):
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["job"]\n')
+    code = ("from orchestrator import notify\n"
+            "notify.job_ended('nightly', 'completed', 'weights home <!channel> & done')\n"
+            "notify.job_ended('other', 'failed', 'no offer')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          check=True)
+    assert proc.stderr == ""  # at exit orch waited for both posts
+    assert sorted(hook.texts()) == ["orch: job nightly completed: weights home &lt;!channel&gt; &amp; done",
+                                    "orch: job other failed: no offer"]
+
+
+@pytest.mark.parametrize("section, needle", [
+    ('webhook_url = "ftp://127.0.0.1/services/XyZzy"', "http(s)"),
+    ('webhook_url = "http://127.0.0.1/x"\nevents = ["everything"]', "notify.events"),
+    ('hook = "http://127.0.0.1/x"', "unknown notify setting"),
+])
+def test_bad_notify_settings_are_one_line_exit_2(orch_home, section, needle):
+    write_config(orch_home, f"[notify]\n{section}\n")
+    proc = run_orch("up", "box1", "--cpu")
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "XyZzy" not in proc.stderr
+    assert not (orch_home / "ledger.db").exists() or \
+        json.loads(run_orch("status", "--all", "--json").stdout or "[]") == []
