@@ -526,8 +526,15 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
     from playbooks import host
 
     src = checkpoint_dir(orch.home, job.name, ckpt_epoch)
+
+    def drop(why: str) -> None:
+        """A copy that cannot be resumed from is no copy: forgotten, so the next milestone
+        (from epoch 1 again) makes a new one and a later loss does not try it again."""
+        shutil.rmtree(src, ignore_errors=True)
+        note(orch, orch.ledger.update_job(job.id, checkpoint_epoch=None), why)
+
     if not (src / "weights" / "last.pt").is_file():
-        note(orch, job, f"the resume copy {src} is missing: attempt starts over at epoch 1")
+        drop(f"the resume copy {src} is missing: attempt starts over at epoch 1")
         return None
     q = shlex.quote
     with orch.connect(inst) as c:
@@ -537,8 +544,8 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
         c.sftp().put(str(src / "weights" / "last.pt"), f"{inbox}/weights/last.pt")
         info = host.script(c, "checkpoint.py", f"{inbox}/weights/last.pt")
         if not info.get("loads"):
-            note(orch, job, f"the resume copy does not load on {inst.name} ({clean(info.get('error'), 200)}): "
-                            "not resumed from, attempt starts over at epoch 1")
+            drop(f"the resume copy (epoch {ckpt_epoch}) does not load on {inst.name} "
+                 f"({clean(info.get('error'), 200)}): torn, not resumed from; attempt starts over at epoch 1")
             return None
         epoch = info.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool):

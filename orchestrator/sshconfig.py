@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from orchestrator import config, ledger_rows
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, UsageError
 from orchestrator.hookspecs import hookimpl
 from orchestrator.remote import USER, host_id
 
@@ -152,9 +152,19 @@ def include_line() -> str:
     return f"Include {quoted(str(path()))}"
 
 
+def includable() -> None:
+    """ssh expands glob characters in an Include path and reads no '%' token there: a path with
+    them would name other files, or none, so it is refused rather than written."""
+    where = str(path())
+    if any(c in where for c in "*?[%"):
+        raise UsageError(f"cannot include {where} in ~/.ssh/config: ssh reads '*?[%' there as patterns or text "
+                        "(set ORCH_HOME to a path without them, or use ssh -F)")
+
+
 def install() -> tuple[bool, Path | None]:
     """Put the Include line at the top of ~/.ssh/config (top: an Include after a ``Host`` line
     would apply to that host only). Returns (changed, the backup made)."""
+    includable()
     cfg = user_config()
     old = _read(cfg)
     if include_line() in (line.strip() for line in old.splitlines()):
@@ -213,8 +223,15 @@ def _backup(cfg: Path, old: str) -> Path | None:
     if not cfg.exists():
         return None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    backup = cfg.with_name(f"{cfg.name}.orch-backup-{stamp}")
-    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for n in range(100):  # never over an earlier backup (an install and an uninstall in the same second)
+        backup = cfg.with_name(f"{cfg.name}.orch-backup-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OrchError(f"too many backups of {cfg} this second")
     with os.fdopen(fd, "w") as f:
         f.write(old)
     return backup

@@ -18,8 +18,11 @@ if [ $test_deps = 1 ] && ! command -v zsh >/dev/null; then packages+=(zsh); fi
 # `orch ssh-config` is tried with rsync as well as ssh and scp.
 if [ $test_deps = 1 ] && ! command -v rsync >/dev/null; then packages+=(rsync); fi
 # The dashboard's test drives Debian's headless Chromium through Playwright (never `playwright install`).
+has_candidate() { apt-cache policy "$1" 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; }  # not -q: no SIGPIPE under pipefail
 if [ $test_deps = 1 ] && ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
-  if apt-cache policy chromium-headless-shell 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  # Package lists first (a fresh container has none): the small headless build where Debian has it.
+  if command -v apt-get >/dev/null && ! has_candidate chromium-headless-shell; then sudo_ apt-get update -qq; fi
+  if has_candidate chromium-headless-shell; then
     packages+=(chromium-headless-shell)
   else
     packages+=(chromium)

@@ -94,7 +94,7 @@ def ledger_digest(home) -> str:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium-headless-shell (scripts/install.sh --test)")
 def test_the_page_in_a_real_browser(board, fleet):
-    from playwright.sync_api import sync_playwright
+    sync_playwright = pytest.importorskip("playwright.sync_api", reason="needs the test extra").sync_playwright
 
     events = len(fleet.events())
     errors = []
@@ -188,10 +188,15 @@ def _own_addresses() -> list[str]:
 
 
 def test_no_ledger_yet_shows_an_empty_fleet_and_makes_none(orch_home):
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "dashboard", "--port", str(free_port())],
+    taken = socket.socket()  # the port asked for is someone else's: the next free one is taken
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "dashboard", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         url = proc.stdout.readline().split()[2]
+        assert url.startswith("http://127.0.0.1:") and int(url.rstrip("/").rsplit(":", 1)[1]) > port
         status, _, body = get(url)
         assert status == 200 and "no live instances" in body
         assert json.loads(get(url + "api/instances")[2]) == []
@@ -199,6 +204,7 @@ def test_no_ledger_yet_shows_an_empty_fleet_and_makes_none(orch_home):
     finally:
         proc.terminate()
         proc.wait(20)
+        taken.close()
 
 
 def test_a_bad_port_is_one_line_exit_2(orch_home):

@@ -71,7 +71,8 @@ def test_offers_are_the_types_with_capacity_priced_from_cents(lam):
 def test_spot_and_stop_are_refused_in_one_line_and_nothing_is_launched(lam):
     fake, env = lam
     proc = run_orch("up", "s1", "--provider", "lambda", "--gpu", "A10", "--spot", env=env)
-    assert proc.returncode == 2 and proc.stderr.strip() == "orch: error: spot instances are not supported by lambda"
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "orch: error: lambda has no spot instances (`orch check lambda` lists what it lacks): drop --spot"]
     cpu = run_orch("up", "c1", "--provider", "lambda", "--cpu", env=env)
     assert cpu.returncode == 2 and "CPU-only instances are not supported by lambda" in cpu.stderr
     assert launches(fake) == [] and fake.instances == {}

@@ -1,5 +1,6 @@
 """Notifications: lifecycle events posted to a webhook (Slack's JSON) on a loopback HTTP server."""
 
+import getpass
 import json
 import shutil
 import subprocess
@@ -84,13 +85,17 @@ def test_an_instance_destroyed_by_its_watchdog_is_posted_once_without_the_url_an
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\n')
     up = run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
     assert hook.posts == []  # coming up is no news
-    procs = reap_until(lambda: hook.posts)
+    procs = reap_until(lambda: json.loads(run_orch("status", "--json", check=0).stdout) == [])
     time.sleep(1)
-    [post] = hook.posts
-    assert post["path"] == f"/services/{SECRET}" and post["type"] == "application/json"
-    assert set(post["body"]) == {"text"}
-    text = post["body"]["text"]
-    assert "box1" in text and "local" in text and "destroyed" in text and "watchdog" in text, text
+    for post in hook.posts:
+        assert post["path"] == f"/services/{SECRET}" and post["type"] == "application/json"
+        assert set(post["body"]) == {"text"}
+    texts = hook.texts()
+    # A look that falls between the watchdog's stop and its destroy records (and posts) the stop first.
+    assert all("stopped by the watchdog" in t and "-&gt; destroy" in t for t in texts[:-1]), texts
+    assert len(texts) <= 2 and len(set(texts)) == len(texts), texts  # each transition once
+    text = texts[-1]
+    assert text.startswith("orch: box1 on local was destroyed by the watchdog"), text
     status = run_orch("status", "box1", "--json", check=0)
     secret_nowhere(orch_home, up, status, *procs)
     ledger = (orch_home / "ledger.db").read_bytes()
@@ -110,6 +115,52 @@ def test_an_instance_gone_from_its_provider_is_posted_as_lost(orch_home, hook):
     [text] = hook.texts()
     assert text.startswith("orch: box1 on local") and "is lost" in text, text
     secret_nowhere(orch_home, proc)
+
+
+def test_an_instance_destroyed_by_the_reaper_is_posted_as_such(orch_home, hook):
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["reaper"]\n')
+    alone = {"ORCH_WATCHDOG": "off"}  # the reaper alone on duty: no watchdog on the instance to beat it
+    run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", env=alone, check=0)
+    time.sleep(2)
+    reap = run_orch("reap", env=alone, check=0)
+    time.sleep(1)
+    [text] = hook.texts()
+    assert text.startswith("orch: box1 on local was destroyed by the reaper"), text
+    secret_nowhere(orch_home, reap)
+
+
+def test_a_spot_instance_outbid_is_posted_as_preempted(orch_home, tmp_path, monkeypatch, hook):
+    """The fake Vast.ai (tests/fakes/vast_api.py): someone bids more, the next look records it."""
+    from tests.fakes.hosts import sshd_available
+
+    if not sshd_available():
+        pytest.skip("the fake Vast.ai's hosts need root, sshd and unshare")
+    from orchestrator import config
+    from orchestrator.provider import Request
+    from tests.clouds import configure, open_orch
+    from tests.fakes.vast_api import FakeVast
+
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")
+    with FakeVast(tmp_path, boot_polls=1) as fake:
+        env = {"VAST_URL": fake.url}
+        monkeypatch.setenv("VAST_URL", fake.url)
+        configure(orch_home, "vastai", {"api_key": fake.key, "ssh_user": getpass.getuser(),
+                                        "poll_seconds": 0.05, "destroy_timeout": 10, "direct_ssh_grace": 0.3})
+        with open(orch_home / "config.toml", "a") as f:
+            f.write(f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["preempted"]\n')
+        config._load.cache_clear()
+        inst = open_orch().up("spot1", "vastai", Request(name="spot1", gpu="RTX 4090", spot=True), ssh_timeout=60,
+                              prepare=False)
+        assert hook.posts == []
+        fake.outbid(inst.provider_id)
+        status = run_orch("status", "spot1", "--json", env=env, check=0)
+        assert json.loads(status.stdout)["state"] == "preempted"
+        time.sleep(1)
+        [text] = hook.texts()
+        assert text.startswith("orch: spot1 on vastai ($") and "was preempted" in text, text
+        secret_nowhere(orch_home, status)
+        run_orch("down", "spot1", env=env, check=0)
+        assert len(hook.posts) == 1  # a destroy the user asked for is no news
 
 
 def test_events_not_asked_for_are_not_posted(orch_home, hook):

@@ -3,12 +3,13 @@
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_orch
+from tests.conftest import ROOT, run_orch
 
 pytestmark = pytest.mark.skipif(not all(map(shutil.which, ("ssh", "scp", "rsync"))),
                                 reason="needs OpenSSH's client and rsync (scripts/install.sh --test)")
@@ -168,6 +169,42 @@ def test_install_without_a_user_config_creates_one(orch_home):
     assert not list(cfg.parent.glob("config.orch-backup-*"))  # nothing to back up
     run_orch("ssh-config", "--uninstall", check=0)
     assert cfg.read_text() == ""
+
+
+def test_an_orch_home_with_a_space_works_through_the_include(tmp_path, monkeypatch):
+    home = tmp_path / "Application Support" / "orch"  # macOS's kind of path
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    try:
+        run_orch("up", "box1", "--cpu", check=0)
+        proc = run_orch("ssh-config", "--install", check=0)
+        assert f"ssh -F '{home / 'ssh_config'}'" not in proc.stderr  # installed: no -F hint needed
+        cfg = Path.home() / ".ssh" / "config"
+        assert ssh(cfg, "orch-box1", "echo", "spaced").stdout.strip() == "spaced"
+        run_orch("ssh-config", "--uninstall", check=0)
+        proc = run_orch("ssh-config", check=0)
+        assert f"ssh -F '{home / 'ssh_config'}' orch-NAME" in proc.stderr  # a hint that pastes as it is
+    finally:
+        run_orch("down", "box1")
+
+
+def test_install_refuses_a_path_ssh_would_read_as_a_pattern(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCH_HOME", str(tmp_path / "100%" / "orch"))
+    proc = run_orch("ssh-config", "--install")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "ORCH_HOME" in proc.stderr
+    assert not (tmp_path / "100%").exists() and not (Path.home() / ".ssh").exists()
+
+
+def test_install_then_uninstall_in_one_second_keeps_both_backups(orch_home):
+    cfg = Path.home() / ".ssh" / "config"
+    cfg.parent.mkdir(mode=0o700)
+    cfg.write_text("Host mine\n    Port 2200\n")
+    code = ("from orchestrator import sshconfig\n"
+            "print(sshconfig.install()[1])\nprint(sshconfig.uninstall()[1])\n")
+    made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout.split()
+    assert len(set(made)) == 2
+    assert Path(made[0]).read_text() == "Host mine\n    Port 2200\n" == cfg.read_text()
+    assert "Include" in Path(made[1]).read_text()
 
 
 def test_install_and_uninstall_together_is_one_line_exit_2(orch_home):

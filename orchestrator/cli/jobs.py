@@ -157,7 +157,8 @@ def _show(orch, job, as_json: bool) -> None:
         return
     out(f"job {d['name']}: {d['state']}" + (f" ({clean(d['reason'], 300)})" if d["reason"] else ""))
     out(f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
-        + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"] else ""))
+        + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"] and d["state"] != jobs.COMPLETED
+           else ""))  # a completed job's copies are gone: its weights are home
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")

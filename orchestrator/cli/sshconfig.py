@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 
 from orchestrator.cli.app import app, open_orch, out, say
@@ -29,6 +31,8 @@ def ssh_config(
             f"{sshconfig.user_config()} has no Include line of orch's")
         say(f"removed {sshconfig.path()}: orch no longer keeps an ssh_config")
         return
+    if install:
+        sshconfig.includable()  # before anything is written
     open_orch()  # the ledger at its schema (made or migrated) before it is read
     path, hosts, skipped = sshconfig.write()
     out(str(path))
@@ -48,4 +52,4 @@ def ssh_config(
         if note:
             say(f"orch: note: {note}")
     else:
-        say(f"use: ssh -F {path} orch-NAME, or `orch ssh-config --install` for plain `ssh orch-NAME`")
+        say(f"use: ssh -F {shlex.quote(str(path))} orch-NAME, or `orch ssh-config --install` for plain `ssh orch-NAME`")
