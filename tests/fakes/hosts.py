@@ -278,6 +278,7 @@ class Relay:
             except OSError:
                 client.close()
                 continue
+            upstream.settimeout(None)  # the 5 s was for connecting: a quiet SSH session is not a dead one
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
