@@ -153,7 +153,7 @@ class Provider:
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
-    ssh_user: ClassVar[str] = "root"
+    login: ClassVar[str] = "root"  # the image's SSH user, when ``ssh_user`` in the settings does not say
     embedded: ClassVar[bool] = False  # needs no account and no network: the default provider
     # Environment variables that say how to reach this provider (its key, its API address): the
     # scheduled reaper carries them, and they key the offers cache.
@@ -171,6 +171,20 @@ class Provider:
                                       or not least <= value < float("inf")):
                 raise UsageError(f"[providers.{self.name}] {key} must be a number of at least {least:g}, "
                                  f"not {value!r}")
+
+    # -- settings ----------------------------------------------------------------------
+    def setting(self, key: str, default: Any = None) -> Any:
+        """``key`` from ``[providers.NAME]`` in config.toml; ``default`` when absent or empty."""
+        value = self.settings.get(key)
+        return default if value is None or value == "" else value
+
+    def number(self, key: str, default: float) -> float:
+        """A numeric setting (``numeric_settings`` checked its type and range when it was read)."""
+        return float(self.setting(key, default))
+
+    @property
+    def ssh_user(self) -> str:
+        return str(self.setting("ssh_user", self.login))
 
     # -- the verbs ---------------------------------------------------------------------
     def create(self, request: Request, label: str, public_key: str) -> Remote:

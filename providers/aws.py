@@ -115,6 +115,7 @@ class AWSProvider(Provider):
     capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True, self_destroy=True)
     env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+    login = "ubuntu"  # the Deep Learning AMI's user
     numeric_settings = {"spot_margin": 0, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0, "retries": 1}
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
@@ -143,13 +144,7 @@ class AWSProvider(Provider):
         self._created: dict[str, float] = {}  # provider id -> when this process created it
 
     # -- settings ------------------------------------------------------------------------
-    @property
-    def ssh_user(self) -> str:  # type: ignore[override]
-        return str(self.settings.get("ssh_user") or "ubuntu")
 
-    def _setting(self, key: str, default: float) -> float:
-        value = self.settings.get(key)
-        return float(default if value is None else value)
 
     def configured(self) -> bool:
         """Credentials as the AWS tools find them, looked for without importing boto3 (an instance
@@ -194,7 +189,7 @@ class AWSProvider(Provider):
         with self._lock:
             if region not in self._clients:
                 self._clients[region] = session.client("ec2", region_name=region, config=Config(
-                    retries={"mode": "standard", "max_attempts": int(self._setting("retries", 5))},
+                    retries={"mode": "standard", "max_attempts": int(self.number("retries", 5))},
                     connect_timeout=15, read_timeout=60))
             return self._clients[region]
 
@@ -313,7 +308,7 @@ class AWSProvider(Provider):
                                      f"{per_gpu:.4f} $/h per GPU in {zone}: EC2 would not start it")
                 max_price = request.bid * max(gpus, 1)
             else:
-                max_price = bid_with_margin(per_gpu, self._setting("spot_margin", 0.05)) * max(gpus, 1)
+                max_price = bid_with_margin(per_gpu, self.number("spot_margin", 0.05)) * max(gpus, 1)
             price = live
         else:
             price = self._price_table(region)[0].get(itype)
@@ -480,7 +475,7 @@ class AWSProvider(Provider):
         iid, region = split_id(provider_id)
         with self._aws(f"stop_instances {iid}"):
             self._ec2(region).stop_instances(InstanceIds=[iid])
-        self._await(provider_id, {Status.STOPPED}, self._setting("stop_timeout", 600), "stop")
+        self._await(provider_id, {Status.STOPPED}, self.number("stop_timeout", 600), "stop")
 
     def start(self, provider_id: str) -> Remote:
         iid, region = split_id(provider_id)
@@ -502,7 +497,7 @@ class AWSProvider(Provider):
         except AWSError as e:
             if e.code != "InvalidInstanceID.NotFound":
                 raise
-        self._await(provider_id, {Status.GONE}, self._setting("destroy_timeout", 600), "terminate")
+        self._await(provider_id, {Status.GONE}, self.number("destroy_timeout", 600), "terminate")
 
     def _await(self, provider_id: str, wanted: set[Status], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -103,16 +103,11 @@ class LambdaProvider(Provider):
     capabilities = Capabilities(stop=False, spot=False, cpu_only=False, gpu=True, self_stop=False,
                                 self_destroy=False)
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
+    login = "ubuntu"  # Lambda Stack's user
     numeric_settings = {"retries": 1, "http_timeout": 0.1, "launch_interval": 0, "poll_seconds": 0,
                         "destroy_timeout": 0}
 
-    @property
-    def ssh_user(self) -> str:  # type: ignore[override]
-        return str(self.settings.get("ssh_user") or "ubuntu")
 
-    def _setting(self, key: str, default: float) -> float:
-        value = self.settings.get(key)
-        return float(default if value is None else value)
 
     def configured(self) -> bool:
         return bool(os.environ.get("LAMBDA_API_KEY") or self.settings.get("api_key"))
@@ -141,7 +136,7 @@ class LambdaProvider(Provider):
             "Authorization": f"Bearer {self._key()}", "Accept": "application/json",
             **({"Content-Type": "application/json"} if data is not None else {})})
         try:
-            with urllib.request.urlopen(req, timeout=self._setting("http_timeout", 30)) as r:
+            with urllib.request.urlopen(req, timeout=self.number("http_timeout", 30)) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
             raise _http_error(e, what) from None
@@ -158,7 +153,7 @@ class LambdaProvider(Provider):
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         """A request that is safe to repeat (anything but a launch), with bounded retries."""
         return retry(lambda: self._once(method, path, body), _delay_for,
-                     attempts=int(self._setting("retries", 5)), cap=MAX_WAIT)
+                     attempts=int(self.number("retries", 5)), cap=MAX_WAIT)
 
     # -- offers ------------------------------------------------------------------------
     def _types(self) -> dict[str, dict]:
@@ -208,7 +203,7 @@ class LambdaProvider(Provider):
         if not queue:
             raise NoCapacity(f"Lambda Cloud has no capacity for {request.gpus}x {request.gpu or request.offer} "
                              f"in region {wanted_region}")
-        attempts, failures = int(self._setting("retries", 5)), 0
+        attempts, failures = int(self.number("retries", 5)), 0
         while queue:
             offer, region = queue[0]
             body: dict[str, Any] = {"region_name": region, "instance_type_name": offer.offer_id,
@@ -234,7 +229,7 @@ class LambdaProvider(Provider):
                 failures += 1
                 if failures >= attempts:
                     raise error
-                time.sleep(error.wait if error.wait >= 0 else self._setting("launch_interval", 12))
+                time.sleep(error.wait if error.wait >= 0 else self.number("launch_interval", 12))
                 continue
             if not isinstance(error, Transient):
                 raise error
@@ -281,7 +276,7 @@ class LambdaProvider(Provider):
             if self.get(provider_id).status != Status.GONE:
                 raise
             return
-        deadline = time.monotonic() + self._setting("destroy_timeout", 180)
+        deadline = time.monotonic() + self.number("destroy_timeout", 180)
         while (status := self.get(provider_id).status) != Status.GONE:
             if time.monotonic() >= deadline:
                 raise ProviderError(f"Lambda Cloud accepted the terminate of instance {provider_id} but still "

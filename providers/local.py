@@ -58,7 +58,7 @@ def local_vram_gb() -> float:
 class LocalProvider(Provider):
     name = "local"
     embedded = True
-    ssh_user = getpass.getuser()
+    login = getpass.getuser()
     numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0}
 
     @cached_property

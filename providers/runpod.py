@@ -146,25 +146,17 @@ class RunPodProvider(Provider):
             raise UsageError(f"[providers.runpod] min_cuda must be a CUDA version such as \"12.4\", not {cuda!r}")
 
     # -- settings ----------------------------------------------------------------------
-    def _setting(self, key: str, default):
-        value = self.settings.get(key)
-        return default if value is None or value == "" else value
-
-    @property
-    def _user(self) -> str:
-        return str(self._setting("ssh_user", "root"))
-
     @property
     def _attempts(self) -> int:
-        return int(self._setting("retries", 5))
+        return int(self.setting("retries", 5))
 
     @property
     def _backoff(self) -> float:
-        return float(self._setting("retry_base", 0.5))
+        return float(self.setting("retry_base", 0.5))
 
     @property
     def _poll(self) -> float:
-        return float(self._setting("poll_interval", 2.0))
+        return float(self.setting("poll_interval", 2.0))
 
     @property
     def poll_seconds(self) -> float:
@@ -258,7 +250,7 @@ class RunPodProvider(Provider):
     def cuda_for(self, image: str) -> list[str] | None:
         """allowedCudaVersions for ``image``: every version from the one it needs (setting
         ``min_cuda``, else its tag); None when neither says (then RunPod may place it anywhere)."""
-        setting = str(self._setting("min_cuda", "")).strip()
+        setting = str(self.setting("min_cuda", "")).strip()
         m = _CUDA_SETTING.fullmatch(setting)
         minimum = (int(m[1]), int(m[2])) if m else image_cuda(image)
         return allowed_cuda(minimum) if minimum else None
@@ -300,7 +292,7 @@ class RunPodProvider(Provider):
 
     @property
     def _lookup_window(self) -> float:
-        return float(self._setting("create_lookup_seconds", CREATE_LOOKUP_SECONDS))
+        return float(self.setting("create_lookup_seconds", CREATE_LOOKUP_SECONDS))
 
     def _look_for(self, label: str, exc: ProviderError, patient: bool) -> Remote | None:
         """The pod a failed create may have made: one look, or (``patient``) looks for
@@ -324,7 +316,7 @@ class RunPodProvider(Provider):
 
     def _deploy(self, request: Request, label: str, public_key: str) -> tuple[str, str]:
         env = {"PUBLIC_KEY": public_key.strip(), **request.env}
-        image = request.image or self._setting("image", DEFAULT_IMAGE)
+        image = request.image or self.setting("image", DEFAULT_IMAGE)
         fields: dict[str, Any] = {
             "name": label,
             "imageName": image,
@@ -332,18 +324,18 @@ class RunPodProvider(Provider):
             "startSsh": True,
             "env": [{"key": k, "value": str(v)} for k, v in env.items()],
         }
-        container_gb = int(self._setting("container_disk_gb", 20))
+        container_gb = int(self.setting("container_disk_gb", 20))
         if request.cpu:
             # No volume: deployCpuPodInput has none (see the module's docstring); the container
             # disk holds everything, and a stop clears it.
-            fields.update(instanceId=str(self._setting("cpu_instance", DEFAULT_CPU_INSTANCE)),
+            fields.update(instanceId=str(self.setting("cpu_instance", DEFAULT_CPU_INSTANCE)),
                           cloudType=_Enum("SECURE"),
                           containerDiskInGb=max(container_gb, int(request.disk_gb)))
             mutation = "deployCpuPod"
         else:
             gpu = self._gpu_for(request)
             fields.update(gpuTypeId=gpu["id"], gpuCount=int(request.gpus),
-                          cloudType=_Enum(str(self._setting("cloud_type", "ALL")).upper()),
+                          cloudType=_Enum(str(self.setting("cloud_type", "ALL")).upper()),
                           supportPublicIp=True, volumeInGb=int(request.disk_gb),
                           volumeMountPath=VOLUME_PATH, containerDiskInGb=container_gb)
             cuda = self.cuda_for(image)
@@ -369,7 +361,7 @@ class RunPodProvider(Provider):
             for port in (pod.get("runtime") or {}).get("ports") or []:
                 # The SDK's own helper forgets isIpPublic: the private entry is unreachable.
                 if port.get("privatePort") == 22 and port.get("isIpPublic") and port.get("ip"):
-                    endpoint = Endpoint(port["ip"], int(port["publicPort"]), self._user)
+                    endpoint = Endpoint(port["ip"], int(port["publicPort"]), self.ssh_user)
                     break
         return Remote(
             provider_id=pod["id"], label=pod.get("name") or "", status=status, endpoint=endpoint,
@@ -396,7 +388,7 @@ class RunPodProvider(Provider):
         whose container never starts (a driver older than the image's CUDA) bills while RunPod
         shows it RUNNING for ever. Then SSH, as every provider, within what is left of ``timeout``."""
         interval = min(interval, self._poll)
-        limit = float(self._setting("container_start_minutes", CONTAINER_START_MINUTES)) * 60
+        limit = float(self.setting("container_start_minutes", CONTAINER_START_MINUTES)) * 60
         t0 = time.monotonic()
         if limit < timeout:
             said = False
@@ -460,7 +452,7 @@ class RunPodProvider(Provider):
                 raise
             return
         # podTerminate answers the same whatever happened: only the pod's absence confirms it.
-        deadline = time.monotonic() + float(self._setting("destroy_timeout", 60))
+        deadline = time.monotonic() + float(self.setting("destroy_timeout", 60))
         while self.get(provider_id).status != Status.GONE:
             if time.monotonic() >= deadline:
                 raise ProviderError(f"RunPod did not confirm that pod {provider_id} is gone; it may "

@@ -90,13 +90,7 @@ class VastAIProvider(Provider):
                                 self_destroy=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
 
-    @property
-    def ssh_user(self) -> str:  # type: ignore[override]
-        return self.settings.get("ssh_user") or "root"
 
-    def _setting(self, key: str, default: float) -> float:
-        value = self.settings.get(key)
-        return float(default if value is None else value)
 
     def configured(self) -> bool:
         # The SDK's own key files, checked without importing the SDK.
@@ -116,7 +110,7 @@ class VastAIProvider(Provider):
         except RuntimeError:
             raise AuthError("no Vast.ai API key: set api_key under [providers.vastai] in config.toml, "
                             "or VAST_API_KEY, or run `vastai set api-key`") from None
-        sdk.client.timeout = self._setting("http_timeout", 30)
+        sdk.client.timeout = self.number("http_timeout", 30)
         return sdk
 
     # -- calling Vast ----------------------------------------------------------------------
@@ -138,7 +132,7 @@ class VastAIProvider(Provider):
         return answer
 
     def _call(self, fn: Callable[[], Any], what: str) -> Any:
-        return retry(lambda: self._once(fn, what), _delay_for, attempts=int(self._setting("retries", 5)),
+        return retry(lambda: self._once(fn, what), _delay_for, attempts=int(self.number("retries", 5)),
                      cap=MAX_WAIT)
 
     # -- offers ----------------------------------------------------------------------------
@@ -169,10 +163,10 @@ class VastAIProvider(Provider):
             "verified": {"eq": True}, "external": {"eq": False}, "rentable": {"eq": True},
             "rented": {"eq": False}, "num_gpus": {"eq": int(request.gpus)},
             "disk_space": {"gte": float(request.disk_gb)},
-            "reliability": {"gte": self._setting("min_reliability", 0.95)},
+            "reliability": {"gte": self.number("min_reliability", 0.95)},
             "direct_port_count": {"gte": 1},
-            "inet_down": {"gte": self._setting("min_inet_down", 200)},
-            "cuda_max_good": {"gte": self._setting("min_cuda", 12.1)},
+            "inet_down": {"gte": self.number("min_inet_down", 200)},
+            "cuda_max_good": {"gte": self.number("min_cuda", 12.1)},
         }
         if request.gpu:
             q["gpu_name"] = {"eq": vast_gpu_name(request.gpu)}
@@ -199,7 +193,7 @@ class VastAIProvider(Provider):
         what the create may have made before trying again; what was made that will not run (a
         stopped instance, one waiting for its GPU, a crashed one) is destroyed, never left."""
         image = request.image or self.settings.get("image") or DEFAULT_IMAGE
-        attempts, failures = int(self._setting("retries", 5)), 0
+        attempts, failures = int(self.number("retries", 5)), 0
         queue = list(candidates)
         error: ProviderError | None = None
         while queue:
@@ -270,7 +264,7 @@ class VastAIProvider(Provider):
         """One call that may take long at Vast (a create), under ``create_timeout``."""
         client = self._sdk.client
         before = client.timeout
-        client.timeout = self._setting("create_timeout", CREATE_TIMEOUT)
+        client.timeout = self.number("create_timeout", CREATE_TIMEOUT)
         try:
             return self._once(fn, what)
         finally:
@@ -285,7 +279,7 @@ class VastAIProvider(Provider):
                 raise UsageError(f"bid {request.bid:.4f} $/h per GPU is below offer {offer.offer_id}'s live minimum "
                                  f"{live / max(offer.gpus, 1):.4f} $/h per GPU: the instance would start outbid (stopped)")
             return wanted
-        per_gpu = bid_with_margin(live / max(offer.gpus, 1), self._setting("spot_margin", 0.05))
+        per_gpu = bid_with_margin(live / max(offer.gpus, 1), self.number("spot_margin", 0.05))
         return round(per_gpu * max(offer.gpus, 1), 6)
 
     def _attach(self, instance_id: str, public_key: str) -> None:
@@ -330,7 +324,7 @@ class VastAIProvider(Provider):
 
     def stop(self, provider_id: str) -> None:
         self._call(lambda: self._sdk.stop_instance(_vast_id(provider_id)), f"stop of instance {provider_id}")
-        self._await(provider_id, {Status.STOPPED, Status.GONE}, self._setting("stop_timeout", 120), "stop")
+        self._await(provider_id, {Status.STOPPED, Status.GONE}, self.number("stop_timeout", 120), "stop")
 
     def start(self, provider_id: str) -> Remote:
         """Ask for the start: Vast accepts it and the instance then waits (scheduling) until its
@@ -349,7 +343,7 @@ class VastAIProvider(Provider):
             if self.get(provider_id).status != Status.GONE:
                 raise e from None
             return
-        self._await(provider_id, {Status.GONE}, self._setting("destroy_timeout", 120), "destroy")
+        self._await(provider_id, {Status.GONE}, self.number("destroy_timeout", 120), "destroy")
 
     def _await(self, provider_id: str, wanted: set[Status], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -360,7 +354,7 @@ class VastAIProvider(Provider):
             if time.monotonic() >= deadline:
                 raise ProviderError(f"Vast.ai accepted the {what} of instance {provider_id} but still shows it "
                                     f"{status.value} after {timeout:.0f} s")
-            time.sleep(self._setting("poll_seconds", 2))
+            time.sleep(self.number("poll_seconds", 2))
 
     def reachable(self, remote: Remote, progress: Progress | None = None) -> Remote | None:
         """The direct route when it says its SSH banner within ``direct_ssh_grace``, else Vast's SSH
@@ -369,7 +363,7 @@ class VastAIProvider(Provider):
         if remote.status != Status.RUNNING:
             return None
         direct, proxy = _direct(remote.raw, self.ssh_user), _proxy(remote.raw, self.ssh_user)
-        if direct and tcp_open(direct, timeout=self._setting("direct_ssh_grace", 3)):
+        if direct and tcp_open(direct, timeout=self.number("direct_ssh_grace", 3)):
             return replace(remote, endpoint=direct)
         if proxy and tcp_open(proxy):
             if progress and direct:
