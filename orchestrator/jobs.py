@@ -815,7 +815,8 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
         return None, f"the copy's metrics stop before its epoch {epoch}: not kept, the next look copies again"
     job = orch.ledger.get_job(job.id)
     old = job.checkpoint_epoch
-    orch.ledger.update_job(job.id, checkpoint_epoch=epoch)
+    # The copy may be newer than the status.json read before it: the job has trained that far at least.
+    orch.ledger.update_job(job.id, checkpoint_epoch=epoch, epoch=max(job.epoch or 0, epoch))
     if old is not None and old != epoch:
         shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
     return epoch, None

@@ -180,7 +180,8 @@ class RunPodProvider(Provider):
     def _once(self, query: str) -> dict:
         """One POST. SDK exceptions become orch's errors; retryable ones are _Transient."""
         import requests
-        import runpod
+
+        runpod = _sdk()
         from runpod import error as rp_error
         from runpod.api.graphql import run_graphql_query
 
@@ -524,6 +525,31 @@ class RunPodProvider(Provider):
             '    sys.exit("RunPod refused: " + body["errors"][0].get("message", ""))\n'
         )
         return f"python3 -c {shlex.quote(script)}"
+
+
+def _sdk():
+    """``import runpod`` without its serverless worker's CPU probe. Importing the package runs
+    runpod/serverless/utils/rp_debugger.py, whose module-level ``cpuinfo.get_cpu_info()`` starts a
+    Python subprocess: about a second of CPU on every orch command that talks to RunPod. orch uses
+    only the GraphQL client and never reads that CPU brand (it labels serverless debug logs), so
+    the probe answers with ``platform.machine()`` while the package imports, and the real py-cpuinfo stays
+    importable afterwards."""
+    import sys
+
+    if "runpod" not in sys.modules and "cpuinfo" not in sys.modules:
+        import platform
+        import types
+
+        shim = types.ModuleType("cpuinfo")
+        shim.get_cpu_info = lambda: {"brand_raw": platform.machine()}  # os.uname: no subprocess
+        sys.modules["cpuinfo"] = shim
+        try:
+            import runpod
+        finally:
+            del sys.modules["cpuinfo"]
+    import runpod
+
+    return runpod
 
 
 @hookimpl
