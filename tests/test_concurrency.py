@@ -95,7 +95,11 @@ def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_ho
         (rc, out), *losers = race("down", "c1", ledger, states.DESTROYING, "down", "stop")
         assert rc == 0, out
         for rc, err in losers:
-            assert rc == 1 and "busy: another orch process" in err and len(err.strip().splitlines()) == 1, err
+            # Busy while the destroy runs; on a loaded machine a loser may start only after it ended,
+            # and then finds nothing to act on. Never a second action, never more than one line.
+            busy = rc == 1 and "busy: another orch process" in err
+            gone = rc == 2 and "no live instance named 'c1'" in err
+            assert (busy or gone) and len(err.strip().splitlines()) == 1, err
         assert ledger.by_name("c1") is None
 
         for n, ((_, err), rc) in finish({n: orch_proc("down", n, env=env) for n in ("c0", "c2", "c3")}).items():

@@ -58,7 +58,8 @@ def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(
     proc = run_orch("run", "j1", "--data", ds, "--epochs", "2", *TRAIN, "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["name"] == "j1"
-    assert [a["state"] for a in job["attempts"]] == ["completed"] and job["attempts"][0]["instance_state"] == "destroyed"
+    assert [a["state"] for a in job["attempts"]] == ["completed"], (job["attempts"], job["history"])
+    assert job["attempts"][0]["instance_state"] == "destroyed"
     folder = orch_home / "runs" / "j1"
     assert job["weights"] == str(folder) and (folder / "weights" / "best.pt").stat().st_size > 0
     assert epochs_in(folder / "metrics.jsonl") == [1, 2]

@@ -61,5 +61,13 @@ try:
     moved = time.time() - (run_dir / "status.json").stat().st_mtime
 except OSError:
     moved = None
-print("ORCH_RESULT " + json.dumps({"status": status, "alive": any(alive(p) for p in pids), "moved_s": moved,
+live = any(alive(p) for p in pids)
+if not live and isinstance(status, dict) and status.get("state") in ("starting", "running"):
+    # Read an instant before the training wrote its end and exited: its last word is there now
+    # (without this a finished run could read as crashed, and a job would relaunch it).
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        pass
+print("ORCH_RESULT " + json.dumps({"status": status, "alive": live, "moved_s": moved,
                                  "files": files, "exists": run_dir.is_dir()}))
