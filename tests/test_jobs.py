@@ -50,7 +50,8 @@ def live_instances() -> list:
 @needs_torch
 @pytest.mark.training
 def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(orch_home, ds):
-    from tests.test_notify import Hook, write_config
+    from tests.fakes.webhook import Hook
+    from tests.test_notify import write_config
 
     hook = Hook()  # the job's end is posted to the webhook in config.toml; local bills 3.6 $/hr (0.001 $/s)
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["job"]\n\n'
@@ -72,7 +73,7 @@ def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(
     assert "plan:" in proc.stderr and live_instances() == []
     assert json.loads(run_orch("status", "--json", check=0).stdout) == [], "nothing live"
     assert [t.split(":")[0] for t in hook.texts()] == ["orch"] and "job j1 completed" in hook.texts()[0]
-    hook.shutdown()
+    hook.close()
     every = json.loads(run_orch("jobs", "--json", check=0).stdout)
     keys = ("name", "state", "attempts", "cost", "weights", "epoch", "epochs", "reason")
     assert [j["name"] for j in every] == ["j1"]

@@ -5,54 +5,18 @@ import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.conftest import ROOT, run_orch
-
-SECRET = "T0SECRET/B0SECRET/XyZzy0123456789secret"
-
-
-class Hook(ThreadingHTTPServer):
-    """A webhook that keeps what it was sent; ``status`` is what it answers."""
-
-    daemon_threads = True
-
-    def __init__(self, status=200):
-        self.posts, self.status = [], status
-        super().__init__(("127.0.0.1", 0), _Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/services/{SECRET}"
-
-    def texts(self) -> list[str]:
-        return [p["body"]["text"] for p in self.posts]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.posts.append({"path": self.path, "type": self.headers["Content-Type"], "body": json.loads(body)})
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
-
+from tests.fakes.webhook import SECRET, Hook
 
 @pytest.fixture
 def hook():
     server = Hook()
     yield server
-    server.shutdown()
-    server.server_close()
+    server.close()
 
 
 def write_config(home, text: str) -> None:
@@ -184,8 +148,7 @@ def test_a_failing_webhook_is_one_warning_without_the_url_and_never_the_commands
         assert len(warned) == 1 and "HTTP 500" in warned[0], warned
         secret_nowhere(orch_home, *procs)
     finally:
-        broken.shutdown()
-        broken.server_close()
+        broken.close()
 
     # Nothing listening there any more: refused, said in one line, still without the URL.
     code = ("from orchestrator import notify\n"
