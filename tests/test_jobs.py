@@ -14,9 +14,8 @@ import time
 import pytest
 
 from orchestrator import dataset
-from tests.clouds import configure, open_orch
+from tests.clouds import configure, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import needs_torch, run_orch
-from tests.fakes.runpod_api import FakeRunPod
 
 TRAIN = ("--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0")
 
@@ -24,14 +23,6 @@ TRAIN = ("--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0")
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
     return dataset.synth(tmp_path_factory.mktemp("jobs") / "birds", n_train=4, n_val=2, imgsz=64)
-
-
-@pytest.fixture
-def runpod(orch_home, tmp_path, monkeypatch):
-    with FakeRunPod(tmp_path / "runpod") as fake:
-        monkeypatch.setenv("RUNPOD_API_BASE_URL", fake.url)
-        configure(orch_home, "runpod", fake.settings())
-        yield fake, {"RUNPOD_API_BASE_URL": fake.url}
 
 
 def show(name, env=None) -> dict:
