@@ -30,11 +30,16 @@ def live(columns: tuple[str, ...], url: str | None = None) -> list[dict]:
     return _sqlalchemy(url, query, columns)
 
 
+def open_ro(db: Path) -> sqlite3.Connection:
+    """A SQLite ledger opened read-only: mode=ro never creates the file; the path is quoted, as a
+    '?' or '#' in it would end the URI."""
+    return sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=30)
+
+
 def _sqlite(db: Path, query: str, columns) -> list[dict]:
     if not db.is_file():
         return []
-    # mode=ro: never creates the file; the path is quoted, as a '?' or '#' in it would end it.
-    conn = sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=30)
+    conn = open_ro(db)
     try:
         return [dict(zip(columns, row)) for row in conn.execute(query)]
     except sqlite3.OperationalError as e:

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import states
+from orchestrator import ledger_rows, states
 
 FIELDS = ("id", "name", "provider", "provider_id", "state", "gpu", "gpu_name", "gpus", "cpu_only", "disk_gb",
           "spot", "bid", "price_hr", "stopped_price_hr", "ssh_host", "ssh_port", "ssh_user", "device",
@@ -50,7 +50,7 @@ def fast_read(db: Path, head: str, include_ended: bool, meta_keys: tuple[str, ..
     if not db.is_file():
         return None
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        conn = ledger_rows.open_ro(db)
     except sqlite3.Error:
         return None
     try:

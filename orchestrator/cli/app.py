@@ -53,18 +53,15 @@ INSTANCE_COMMANDS = frozenset({"status", "ssh", "stop", "start", "down", "pull",
 
 
 def instance_names(incomplete: str) -> list[str]:
-    """Names in the ledger that start with ``incomplete``, for shell completion: read from SQLite
-    with the standard library (no SQLAlchemy: a Tab must answer at once); nothing when it cannot."""
+    """Names of live instances that start with ``incomplete``, for shell completion, through
+    ``ledger_rows`` (a SQLite ledger with the standard library: a Tab must answer at once);
+    nothing when they cannot be read."""
     try:
-        from migrations import HEAD
-        from orchestrator import config
-        from orchestrator.views import fast_read
+        from orchestrator import ledger_rows
 
-        url = config.database_url()
-        found = fast_read(config.sqlite_path(url), HEAD, False, ()) if url.startswith("sqlite") else None
+        names = sorted({row["name"] for row in ledger_rows.live(("name",))})
     except Exception:  # noqa: BLE001 - a completion never prints an error into the user's prompt
         return []
-    names = sorted({row["name"] for row in (found or ([], {}))[0]})
     return [n for n in names if n.startswith(incomplete)]
 
 
