@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from orchestrator import config, states
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.provider import Request
+from orchestrator.text import why as _why
 
 DEADLINE_MINUTES = 20.0
 
@@ -202,8 +203,3 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         if inst is not None:
             inst = orch.ledger.get(inst.id)
             report.spent_usd = round(cost.instance_cost(inst, orch.ledger.events(inst.id), []).total_usd, 6)
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]

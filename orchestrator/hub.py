@@ -82,8 +82,6 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-
-
 def dataset_size(uri: str) -> int:
     """The size in bytes of ``hf://ORG/REPO/FILE.tar``, from the hub's file metadata: the disk is
     sized from it before anything is rented, and the instance refuses a tar that unpacks to more."""

@@ -60,6 +60,7 @@ from orchestrator import claims, states
 from orchestrator.errors import HostKeyMismatch, NoCapacity, OrchError, SSHError, UsageError
 from orchestrator.provider import Request
 from orchestrator.text import clean
+from orchestrator.text import why as _why
 
 # Job states
 PLANNED, RUNNING, RECOVERING = "planned", "running", "recovering"
@@ -87,13 +88,6 @@ def _utc(dt: datetime | None) -> datetime | None:
     if dt is None:
         return None
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _why(e: BaseException) -> str:
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 # -- names and folders ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from orchestrator import claims, config, states
 from orchestrator.errors import HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
 from orchestrator.ledger import Instance, Ledger
 from orchestrator.provider import Provider, Remote, Request, Status
+from orchestrator.text import why as _why
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_DISK_GB = 20_000
@@ -424,13 +425,6 @@ def _fingerprint(line: str) -> str:
     except (IndexError, ValueError):
         return "?"
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-
-
-def _why(e: BaseException) -> str:
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 __all__ = ["Orch", "check_request", "check_name", "kill_point", "Request"]

@@ -24,6 +24,7 @@ from orchestrator.provider import Status
 from orchestrator.rules import DESTROY, KEEP, REPORT, STOP, Decision, Observed  # noqa: F401  (the reaper's words)
 from orchestrator.sync import sync
 from orchestrator.text import clean
+from orchestrator.text import why as _why
 
 ACTOR = "reaper"
 LAST_PASS = "reaper:last_pass"
@@ -128,11 +129,6 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 class _PassLock:

@@ -28,6 +28,7 @@ from orchestrator import claims, states
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.provider import Provider, Remote, Status, parse_label
 from orchestrator.sync import sync
+from orchestrator.text import why as _why
 
 ACTOR = "reconcile"
 LAST_RUN = "reconcile:last_run"
@@ -78,11 +79,6 @@ def _now() -> datetime:
 
 def _iso(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 def configured(orch) -> list[str]:

@@ -17,3 +17,11 @@ def clean(value, limit: int = 300) -> str | None:
     text = "".join(c if c.isprintable() else " " for c in text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def why(e: BaseException) -> str:
+    """An exception as the short reason recorded in an event or a note: its first line, bounded."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]

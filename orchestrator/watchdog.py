@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator import policy as policies
 from orchestrator import rules
 from orchestrator.errors import OrchError, SSHError
+from orchestrator.text import why as _why
 
 ACTOR = "watchdog"
 INTERVAL_S = 5.0
@@ -165,8 +166,3 @@ def mark_pulled(orch, inst) -> None:
     with orch.connect(inst) as c:
         remote.put_text(c, json.dumps({"pulled_at": datetime.now(timezone.utc).isoformat()}),
                         f"{host.workdir(c)}/pulled.json")
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
