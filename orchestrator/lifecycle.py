@@ -174,7 +174,7 @@ class Orch:
             facts = provision(c, gpu=not inst.cpu_only, log=lambda m: self.say(f"      {m}"))
             kill_point("provisioned")
             self.say("[4/4] verifying: a 2000x2000 matmul on the device")
-            proof = verify(c, gpu=not inst.cpu_only)
+            proof = verify(c, gpu=not inst.cpu_only, facts=facts)
         device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f})"
         verified = "started and verified on" if started else "verified on"
         inst = self.move(inst, states.READY, f"{verified} {proof['device']}", device=device[:255])

@@ -1,6 +1,7 @@
 """Run on the instance by the instance's Python: what torch and LibreYOLO it has, and whether they work.
 
-Standard library only at the top: torch may be missing or broken here.
+Standard library only at the top: torch may be missing or broken here. Where torch and LibreYOLO
+import, it proves the device too (``verify_device.prove``, its sibling): ``proof`` in the answer.
 """
 import json
 import re
@@ -48,4 +49,8 @@ try:
     facts["libreyolo"] = version("libreyolo")
 except Exception as e:  # noqa: BLE001
     facts["libreyolo_error"] = f"{type(e).__name__}: {e}"[:300]
+if facts["torch"] and not facts["error"] and facts["libreyolo"]:
+    from verify_device import prove
+
+    facts["proof"] = prove(want_gpu)
 print("ORCH_RESULT " + json.dumps(facts))
