@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,16 +87,54 @@ def _job(name) -> dict:
     return jobs.job_dict(orch, orch.ledger.job(name))
 
 
-def _advance_until(name, done, env=None, timeout=240.0, every=1.0) -> dict:
-    """Reaper passes (`orch reap`, which advances every job once) until ``done(job)``."""
+def _advance_until(name, done, env=None, timeout=240.0, every=1.0, ready=None) -> dict:
+    """Reaper passes (`orch reap`, which advances every job once) until ``done(job)``. ``ready``: what
+    the next pass has to find on the instance (read from this machine's side, no SSH): the loop waits
+    for it, a while at most, instead of spending passes that would find nothing new."""
     end = time.monotonic() + timeout
     while True:
+        if ready is not None:
+            _wait(ready, min(60.0, max(0.0, end - time.monotonic())))
         run_orch("reap", env=env, check=0)
         job = _job(name)
         if done(job):
             return job
         assert time.monotonic() < end, f"job {name} is still {job['state']}: {job['history'][-3:]}"
         time.sleep(every)
+
+
+def _wait(cond, patience: float) -> bool:
+    end = time.monotonic() + patience
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _trained(instance: str, fake=None) -> tuple[int, str | None]:
+    """(epochs in the instance's metrics.jsonl, the state its status.json says): a local instance's
+    folder, or a fake pod's root, seen from this machine."""
+    orch = open_orch()
+    inst = orch.ledger.by_name(instance)
+    run = orch.ledger.latest_run(inst.id) if inst is not None else None
+    if run is None or not run.run_dir:
+        return 0, None
+    try:
+        root = Path(run.run_dir) if fake is None else _pod_of(fake, instance).host.path(run.run_dir)
+        rows = (root / "metrics.jsonl").read_text().splitlines() if (root / "metrics.jsonl").exists() else []
+        state = json.loads((root / "status.json").read_text()).get("state") if (root / "status.json").exists() else None
+    except (OSError, ValueError, StopIteration, RuntimeError):
+        return 0, None  # between writes, or the pod is gone
+    return sum(1 for r in rows if r.strip()), state
+
+
+def _reached(instance: str, epochs: int, fake=None):
+    return lambda: _trained(instance, fake)[0] >= epochs
+
+
+def _ended(instance: str, fake=None):
+    return lambda: _trained(instance, fake)[1] in ("completed", "failed")
 
 
 def _pod_of(fake, attempt: str):
@@ -109,7 +148,7 @@ def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_rest
     epochs = 8
     run_orch("run", "jr", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5)
+    job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5, ready=_reached("jr-a1", 2, fake))
     assert job["state"] == "running" and job["epoch"] < epochs
     kept = job["checkpoint_epoch"]  # the job's verified copy; the pod's own last.pt goes with the pod
     pod = _pod_of(fake, "jr-a1")
@@ -123,7 +162,8 @@ def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_rest
     assert first["state"] == "lost" and "instance" in first["reason"], first
     assert second["start_epoch"] == kept + 1, f"resumed from the pulled checkpoint (epoch {kept}): {second}"
     assert second["instance"] == "jr-a2" and second["provider"] == "runpod"
-    job = _advance_until("jr", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300)
+    job = _advance_until("jr", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300,
+                         ready=_ended("jr-a2", fake))
     assert job["state"] == "completed", job["history"][-5:]
     folder = orch_home / "runs" / "jr"
     assert epochs_in(folder / "metrics.jsonl") == list(range(1, epochs + 1))
@@ -142,7 +182,7 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
     epochs = 8
     run_orch("run", "jt", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5)
+    job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5, ready=_reached("jt-a1", 1, fake))
     kept = job["checkpoint_epoch"]
     pod = _pod_of(fake, "jt-a1")
     run_dir = json.loads(run_orch("status", "jt-a1", "--json", env=env, check=0).stdout)["run"]["run_dir"]
@@ -159,7 +199,8 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
     second = job["attempts"][1]
     assert second["start_epoch"] == kept + 1, f"resumed from the intact copy of epoch {kept}: {second}"
     assert any("does not load" in h["text"] for h in job["history"]), job["history"][-5:]
-    job = _advance_until("jt", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300)
+    job = _advance_until("jt", lambda j: j["state"] not in ("running", "recovering"), env, timeout=300,
+                         ready=_ended("jt-a2", fake))
     assert job["state"] == "completed", job["history"][-5:]
     assert epochs_in(orch_home / "runs" / "jt" / "metrics.jsonl") == list(range(1, epochs + 1))
     assert fake.live() == []
@@ -170,7 +211,7 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
 def test_a_torn_resume_copy_at_home_is_never_resumed_from(orch_home, ds):
     epochs = 5
     run_orch("run", "jh", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN, check=0)
-    job = _advance_until("jh", lambda j: (j["checkpoint_epoch"] or 0) >= 1, every=0.5)
+    job = _advance_until("jh", lambda j: (j["checkpoint_epoch"] or 0) >= 1, every=0.5, ready=_reached("jh-a1", 1))
     kept = job["checkpoint_epoch"]
     copy = orch_home / "jobs" / "jh" / f"ckpt-{kept}" / "weights" / "last.pt"
     with open(copy, "r+b") as f:  # the copy at home tears (a full disk, this machine crashing)...
@@ -181,7 +222,8 @@ def test_a_torn_resume_copy_at_home_is_never_resumed_from(orch_home, ds):
     assert second["start_epoch"] == 1, f"the torn copy of epoch {kept} was resumed from: {second}"
     assert any(f"resume copy (epoch {kept}) does not load" in h["text"] for h in job["history"]), job["history"][-5:]
     assert not copy.exists(), "a copy that does not load is forgotten"
-    job = _advance_until("jh", lambda j: j["state"] not in ("running", "recovering"), timeout=300)
+    job = _advance_until("jh", lambda j: j["state"] not in ("running", "recovering"), timeout=300,
+                         ready=_ended("jh-a2"))
     assert job["state"] == "completed", job["history"][-5:]
     assert epochs_in(orch_home / "runs" / "jh" / "metrics.jsonl") == list(range(1, epochs + 1))
     assert live_instances() == []
