@@ -171,7 +171,14 @@ class Ledger:
                 try:
                     self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
                     # Created 0600 before SQLite touches it: the ledger says where every machine is.
-                    os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+                    # Only when it is new: closing any descriptor of an open database drops every
+                    # POSIX lock this process holds on it, its other connections' included, and
+                    # another process may then rebuild the WAL index under them ("database disk
+                    # image is malformed"; sqlite.org/howtocorrupt.html, section 2.2).
+                    try:
+                        os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+                    except FileExistsError:
+                        pass
                     os.chmod(self.path, 0o600)
                 except OSError as e:
                     raise OrchError(f"cannot open the ledger at {self.path}: {e.strerror or e}") from None
