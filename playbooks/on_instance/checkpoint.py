@@ -95,8 +95,12 @@ def check(path):
     try:
         with open(path, "rb") as f:
             head = f.read(4)
-        reader = read_zip if head == b"PK\x03\x04" else read_legacy
-        out["loads"], out["epoch"], out["error"] = reader(path)
+        if head == b"PK\x03\x04":
+            out["loads"], out["epoch"], out["error"] = read_zip(path)
+        elif head[:1] == b"\x80":  # a pickle: torch's legacy format
+            out["loads"], out["epoch"], out["error"] = read_legacy(path)
+        else:  # empty or cut before its first bytes: torch.save has only just opened it
+            out["error"] = "not a torch checkpoint" if head else "empty"
     except Exception as e:  # noqa: BLE001 - whatever fails to read is not a checkpoint to resume
         out["error"] = f"{type(e).__name__}: {e}"[:300]
     return out
