@@ -9,12 +9,15 @@ reaper is installed: the tests advance it with `orch reap`, one pass at a time.
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import dataset
+from playbooks.host import ON_INSTANCE
 from tests.clouds import configure, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import needs_torch, run_orch
 
@@ -103,6 +106,38 @@ def _advance_until(name, done, env=None, timeout=240.0, every=1.0, ready=None) -
         time.sleep(every)
 
 
+def _freeze(instance: str, fake=None):
+    """Pause the instance's training between two checkpoints (its last.pt whole), so that the next
+    reaper pass finds it running and copies that checkpoint however fast this machine trains;
+    returns what resumes it."""
+    import signal
+
+    sys.path.insert(0, str(ON_INSTANCE))
+    import checkpoint  # the on-instance check, read from this machine's side
+
+    orch = open_orch()
+    inst = orch.ledger.by_name(instance)
+    run = orch.ledger.latest_run(inst.id)
+    if fake is None:
+        last = Path(run.run_dir) / "weights" / "last.pt"
+
+        def send(sig):
+            os.kill(run.pid, sig)
+    else:
+        pod = _pod_of(fake, instance)
+        last = pod.host.path(run.run_dir) / "weights" / "last.pt"
+
+        def send(sig):  # '[t]rain': the pattern does not match the shell that runs pkill
+            pod.host.run(f"pkill -{signal.Signals(sig).name[3:]} -f '[t]rain_entry.py'")
+    for _ in range(200):
+        send(signal.SIGSTOP)
+        if checkpoint.check(str(last))["loads"]:
+            return lambda: send(signal.SIGCONT)
+        send(signal.SIGCONT)
+        time.sleep(0.1)
+    raise AssertionError(f"no whole last.pt on {instance} to pause at")
+
+
 def _wait(cond, patience: float) -> bool:
     end = time.monotonic() + patience
     while not cond():
@@ -112,29 +147,49 @@ def _wait(cond, patience: float) -> bool:
     return True
 
 
-def _trained(instance: str, fake=None) -> tuple[int, str | None]:
-    """(epochs in the instance's metrics.jsonl, the state its status.json says): a local instance's
-    folder, or a fake pod's root, seen from this machine."""
+def _run_root(instance: str, fake=None) -> Path | None:
+    """The run folder of the instance's training, seen from this machine: a local instance's own
+    folder, or the path into a fake pod's root."""
     orch = open_orch()
     inst = orch.ledger.by_name(instance)
     run = orch.ledger.latest_run(inst.id) if inst is not None else None
     if run is None or not run.run_dir:
-        return 0, None
+        return None
     try:
-        root = Path(run.run_dir) if fake is None else _pod_of(fake, instance).host.path(run.run_dir)
+        return Path(run.run_dir) if fake is None else _pod_of(fake, instance).host.path(run.run_dir)
+    except (StopIteration, RuntimeError):
+        return None  # the pod is gone
+
+
+def _trained(root: Path | None) -> tuple[int, str | None]:
+    """(epochs in the run's metrics.jsonl, the state its status.json says)."""
+    try:
         rows = (root / "metrics.jsonl").read_text().splitlines() if (root / "metrics.jsonl").exists() else []
         state = json.loads((root / "status.json").read_text()).get("state") if (root / "status.json").exists() else None
-    except (OSError, ValueError, StopIteration, RuntimeError):
-        return 0, None  # between writes, or the pod is gone
+    except (OSError, ValueError, TypeError):
+        return 0, None  # between writes, or not there yet
     return sum(1 for r in rows if r.strip()), state
 
 
+def _watch(instance: str, fake, done) -> callable:
+    root = []  # looked up once: the ledger is not opened on every look
+
+    def look() -> bool:
+        if not root:
+            found = _run_root(instance, fake)
+            if found is None:
+                return False
+            root.append(found)
+        return done(*_trained(root[0]))
+    return look
+
+
 def _reached(instance: str, epochs: int, fake=None):
-    return lambda: _trained(instance, fake)[0] >= epochs
+    return _watch(instance, fake, lambda n, state: n >= epochs)
 
 
 def _ended(instance: str, fake=None):
-    return lambda: _trained(instance, fake)[1] in ("completed", "failed")
+    return _watch(instance, fake, lambda n, state: state in ("completed", "failed"))
 
 
 def _pod_of(fake, attempt: str):
@@ -148,7 +203,9 @@ def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_rest
     epochs = 8
     run_orch("run", "jr", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5, ready=_reached("jr-a1", 2, fake))
+    assert _wait(_reached("jr-a1", 2, fake), 120), "the training never reached epoch 2"
+    _freeze("jr-a1", fake)  # it dies frozen, with its pod
+    job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5)
     assert job["state"] == "running" and job["epoch"] < epochs
     kept = job["checkpoint_epoch"]  # the job's verified copy; the pod's own last.pt goes with the pod
     pod = _pod_of(fake, "jr-a1")
@@ -182,7 +239,10 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
     epochs = 8
     run_orch("run", "jt", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5, ready=_reached("jt-a1", 1, fake))
+    assert _wait(_reached("jt-a1", 1, fake), 120), "the training never reached epoch 1"
+    thaw = _freeze("jt-a1", fake)
+    job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5)
+    thaw()
     kept = job["checkpoint_epoch"]
     pod = _pod_of(fake, "jt-a1")
     run_dir = json.loads(run_orch("status", "jt-a1", "--json", env=env, check=0).stdout)["run"]["run_dir"]
@@ -211,7 +271,10 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
 def test_a_torn_resume_copy_at_home_is_never_resumed_from(orch_home, ds):
     epochs = 5
     run_orch("run", "jh", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN, check=0)
-    job = _advance_until("jh", lambda j: (j["checkpoint_epoch"] or 0) >= 1, every=0.5, ready=_reached("jh-a1", 1))
+    assert _wait(_reached("jh-a1", 1), 120), "the training never reached epoch 1"
+    thaw = _freeze("jh-a1")
+    job = _advance_until("jh", lambda j: (j["checkpoint_epoch"] or 0) >= 1, every=0.5)
+    thaw()
     kept = job["checkpoint_epoch"]
     copy = orch_home / "jobs" / "jh" / f"ckpt-{kept}" / "weights" / "last.pt"
     with open(copy, "r+b") as f:  # the copy at home tears (a full disk, this machine crashing)...

@@ -107,17 +107,25 @@ def check_monitor(name, run_dir):
 def kill_between_checkpoints(pid, last_pt):
     """SIGKILL the training, but not while it is writing last.pt: LibreYOLO's torch.save is not
     atomic, and this test is about orch seeing the crash and resuming, not a torn checkpoint."""
-    import torch
-
     for _ in range(50):
         os.kill(pid, signal.SIGSTOP)
-        try:
-            torch.load(last_pt, map_location="cpu", weights_only=False)
+        if _checkpoint().check(str(last_pt))["loads"]:
             break
-        except Exception:
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.3)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.3)
     os.kill(pid, signal.SIGKILL)
+
+
+def _checkpoint():
+    """The on-instance checkpoint check (standard library), run from this machine's side."""
+    import sys
+
+    from playbooks.host import ON_INSTANCE
+
+    sys.path.insert(0, str(ON_INSTANCE))
+    import checkpoint
+
+    return checkpoint
 
 
 def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, ds):
@@ -129,7 +137,8 @@ def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, d
     assert crashed["state"] == "crashed", "status.json still says running; the dead pid says otherwise"
     assert (orch_home / "runs" / "tr2" / "status.json").exists(), "status pulls the milestones it finds"
 
-    done = json.loads((Path(first["run_dir"]) / "status.json").read_text())["completed_epochs"]
+    # What it resumes from is last.pt (status.json is written after it, and may be an epoch behind).
+    done = _checkpoint().check(str(Path(first["run_dir"]) / "weights" / "last.pt"))["epoch"]
     target = done + 2
     resumed = run_orch("up", "tr2", "--resume", "--data", ds, "--epochs", target, *TRAIN, "--wait", "--json", check=0)
     run = json.loads(resumed.stdout)["run"]
