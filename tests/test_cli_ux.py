@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from orchestrator import states
+from tests.clouds import open_orch
 from tests.conftest import ROOT, run_orch
 
 
@@ -35,8 +37,12 @@ def test_show_completion_prints_a_bash_script(orch_home):
 
 
 def test_completion_offers_instance_names_fast_and_without_sqlalchemy(orch_home):
-    run_orch("up", "box1", "--cpu", check=0)
-    run_orch("up", "alpha", "--cpu", check=0)
+    # Two instances in the ledger as `orch up` leaves them (completion reads names, not machines).
+    ledger = open_orch().ledger
+    for name in ("box1", "alpha"):
+        inst = ledger.create_instance(name=name, provider="local", label="", cpu_only=True, gpus=0)
+        for state in (states.PROVISIONING, states.READY):
+            ledger.transition(inst.id, state, reason="test")
     # Through the script itself, as bash runs it: complete `orch ssh b<Tab>`.
     script = run_orch("--show-completion", "bash", check=0).stdout
     bash = (f"{script}\n"
@@ -64,8 +70,6 @@ def test_completion_offers_instance_names_fast_and_without_sqlalchemy(orch_home)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip().splitlines()[-1] == "HEAVY []"
     assert out.split()[:2] == ["alpha", "box1"]
-    for name in ("box1", "alpha"):
-        run_orch("down", name, check=0)
 
 
 def test_completion_without_a_ledger_offers_nothing_and_makes_nothing(orch_home):
