@@ -99,7 +99,8 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
                 break
             problem = (f"{f.rel} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps changing "
                        "or the transfer is corrupt; nothing was renamed into place")
-            sums = host.script(c, "checksum.py", run_dir, f.rel)  # it changed while we read it: again
+            # It changed while we read it: its sum again (the others' sums still stand).
+            sums = {**sums, f.rel: host.script(c, "checksum.py", run_dir, f.rel).get(f.rel)}
         if problem:
             if strict:
                 raise OrchError(problem)

@@ -105,6 +105,49 @@ def test_a_hostile_instance_writes_nothing_outside_its_run_folder_and_blocks_the
         run_orch("down", "evil", "--no-pull")
 
 
+# The training writes last.pt again right after the instance computed its sum (once): what a pull
+# meets whenever it copies during a run.
+REWRITES_AFTER_CHECKSUM = r'''#!/bin/bash
+case "$1" in
+  *checksum.py) "$REAL_PYTHON" "$@"; rc=$?
+    if [ ! -e "$RUN/rewritten" ]; then
+      touch "$RUN/rewritten"; printf 'epoch 3 weights' > "$RUN/weights/.last.tmp"; mv "$RUN/weights/.last.tmp" "$RUN/weights/last.pt"
+    fi
+    exit $rc;;
+  *) exec "$REAL_PYTHON" "$@";;
+esac
+'''
+
+
+def test_a_file_rewritten_while_pulled_is_read_again_and_the_others_still_come_home(orch_home):
+    run_orch("up", "chg", "--cpu", check=0)
+    try:
+        orch = open_orch()
+        inst = orch.ledger.by_name("chg")
+        work = next((orch_home / "local").glob("orch-*-chg")) / "home" / "orch"
+        run_dir = work / "runs" / "r1"
+        (run_dir / "weights").mkdir(parents=True)
+        (run_dir / "weights" / "last.pt").write_bytes(b"epoch 2 weights")
+        (run_dir / "status.json").write_text('{"state": "running", "completed_epochs": 2, "total_epochs": 5}')
+        (run_dir / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')
+        wrapper = work / "bin" / "rewriting-python"
+        wrapper.parent.mkdir(parents=True, exist_ok=True)
+        wrapper.write_text(REWRITES_AFTER_CHECKSUM.replace("$REAL_PYTHON", sys.executable).replace("$RUN", str(run_dir)))
+        wrapper.chmod(0o755)
+        (work / "python").write_text(f"{wrapper}\n")
+        orch.ledger.add_run(instance_id=inst.id, model="yolo9-t", data="x", epochs=5, run_dir=str(run_dir), pid=1,
+                            state="running")
+        pulled = run_orch("pull", "chg", check=0)
+        assert pulled.returncode == 0, pulled.stderr
+        assert (run_dir / "rewritten").exists(), "last.pt was rewritten during the pull"
+        home = orch_home / "runs" / "chg"
+        for rel in ("weights/last.pt", "status.json", "metrics.jsonl"):
+            assert (home / rel).read_bytes() == (run_dir / rel).read_bytes(), rel
+        assert (home / "weights" / "last.pt").read_bytes() == b"epoch 3 weights"
+    finally:
+        run_orch("down", "chg", "--no-pull", check=0)
+
+
 @needs_torch
 @pytest.mark.training
 def test_two_downs_at_once_one_pulls_verified_weights_the_other_is_refused(orch_home, tmp_path):
