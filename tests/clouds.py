@@ -68,8 +68,10 @@ def vast(orch_home, tmp_path, monkeypatch):
 
 def orch_proc(*args, env=None) -> subprocess.Popen:
     """``orch`` started in the background (text stdout/stderr pipes)."""
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *map(str, args)], cwd=ROOT, text=True,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    from tests.conftest import one_cpu
+
+    return one_cpu(subprocess.Popen([sys.executable, "-m", "orchestrator", *map(str, args)], cwd=ROOT, text=True,
+                                    env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
 
 
 def open_orch():

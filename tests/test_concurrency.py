@@ -36,7 +36,7 @@ class Background:
             for args in self.commands:
                 proc = run_orch(*args, env=NO_WATCHDOG)
                 self.outputs.append((args, proc.returncode, proc.stdout + proc.stderr))
-            self.stop.wait(1)  # leave the CPUs to the commands under test
+            self.stop.wait(2)  # leave the CPUs to the commands under test
 
     def __enter__(self):
         self.thread.start()

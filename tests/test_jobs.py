@@ -106,36 +106,35 @@ def _advance_until(name, done, env=None, timeout=240.0, every=1.0, ready=None) -
         time.sleep(every)
 
 
-def _freeze(instance: str, fake=None):
-    """Pause the instance's training between two checkpoints (its last.pt whole), so that the next
-    reaper pass finds it running and copies that checkpoint however fast this machine trains;
-    returns what resumes it."""
+def _freeze(instance: str, fake=None, at_least: int = 1, patience: float = 120.0):
+    """Pause the instance's training between two checkpoints, once its last.pt is whole at epoch
+    ``at_least`` or later, so that what follows (a reaper pass, a kill) meets a known state however
+    fast this machine trains; returns what resumes it."""
     import signal
 
     sys.path.insert(0, str(ON_INSTANCE))
     import checkpoint  # the on-instance check, read from this machine's side
 
-    orch = open_orch()
-    inst = orch.ledger.by_name(instance)
-    run = orch.ledger.latest_run(inst.id)
-    if fake is None:
-        last = Path(run.run_dir) / "weights" / "last.pt"
-
-        def send(sig):
-            os.kill(run.pid, sig)
-    else:
-        pod = _pod_of(fake, instance)
-        last = pod.host.path(run.run_dir) / "weights" / "last.pt"
-
-        def send(sig):  # '[t]rain': the pattern does not match the shell that runs pkill
-            pod.host.run(f"pkill -{signal.Signals(sig).name[3:]} -f '[t]rain_entry.py'")
-    for _ in range(200):
-        send(signal.SIGSTOP)
-        if checkpoint.check(str(last))["loads"]:
-            return lambda: send(signal.SIGCONT)
-        send(signal.SIGCONT)
+    def send(sig):
+        if fake is None:
+            os.kill(open_orch().ledger.latest_run(open_orch().ledger.by_name(instance).id).pid, sig)
+        else:  # '[t]rain': the pattern does not match the shell that runs pkill
+            _pod_of(fake, instance).host.run(f"pkill -{signal.Signals(sig).name[3:]} -f '[t]rain_entry.py'")
+    end = time.monotonic() + patience
+    root = None
+    while time.monotonic() < end:
+        root = root or _run_root(instance, fake)  # None until the run is recorded
+        rows, state = _trained(root) if root else (0, None)
+        assert state not in ("completed", "failed"), f"{instance}'s training ended before epoch {at_least}"
+        if rows >= at_least:  # only then a signal: the looks in between read files, nothing else
+            send(signal.SIGSTOP)
+            # Between epochs: last.pt whole, and the metrics row of its epoch written (after it).
+            info = checkpoint.check(str(root / "weights" / "last.pt"))
+            if info["loads"] and at_least <= (info["epoch"] or 0) <= _trained(root)[0]:
+                return lambda: send(signal.SIGCONT)
+            send(signal.SIGCONT)
         time.sleep(0.1)
-    raise AssertionError(f"no whole last.pt on {instance} to pause at")
+    raise AssertionError(f"no whole last.pt of epoch {at_least} on {instance} to pause at")
 
 
 def _wait(cond, patience: float) -> bool:
@@ -184,10 +183,6 @@ def _watch(instance: str, fake, done) -> callable:
     return look
 
 
-def _reached(instance: str, epochs: int, fake=None):
-    return _watch(instance, fake, lambda n, state: n >= epochs)
-
-
 def _ended(instance: str, fake=None):
     return _watch(instance, fake, lambda n, state: state in ("completed", "failed"))
 
@@ -200,11 +195,10 @@ def _pod_of(fake, attempt: str):
 @pytest.mark.training
 def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_restarts(orch_home, ds, runpod):
     fake, env = runpod
-    epochs = 8
+    epochs = 5
     run_orch("run", "jr", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    assert _wait(_reached("jr-a1", 2, fake), 120), "the training never reached epoch 2"
-    _freeze("jr-a1", fake)  # it dies frozen, with its pod
+    _freeze("jr-a1", fake, at_least=2)  # it dies paused, with its pod
     job = _advance_until("jr", lambda j: (j["checkpoint_epoch"] or 0) >= 2, env, every=0.5)
     assert job["state"] == "running" and job["epoch"] < epochs
     kept = job["checkpoint_epoch"]  # the job's verified copy; the pod's own last.pt goes with the pod
@@ -236,25 +230,22 @@ def test_a_pod_destroyed_mid_training_is_relaunched_and_the_job_resumes_not_rest
 @pytest.mark.training
 def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
     fake, env = runpod
-    epochs = 8
+    epochs = 6
     run_orch("run", "jt", "--provider", "runpod", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              env=env, check=0)
-    assert _wait(_reached("jt-a1", 1, fake), 120), "the training never reached epoch 1"
     thaw = _freeze("jt-a1", fake)
     job = _advance_until("jt", lambda j: (j["checkpoint_epoch"] or 0) >= 1, env, every=0.5)
     thaw()
     kept = job["checkpoint_epoch"]
-    pod = _pod_of(fake, "jt-a1")
-    run_dir = json.loads(run_orch("status", "jt-a1", "--json", env=env, check=0).stdout)["run"]["run_dir"]
-    # With nothing advancing the job, let the instance's training get ahead of the copy kept at home...
-    end = time.monotonic() + 120
-    while int(pod.host.run(f"wc -l < {run_dir}/metrics.jsonl").stdout.strip() or 0) < kept + 2:
-        assert time.monotonic() < end, "the training did not get ahead"
-        time.sleep(0.5)
+    assert kept + 2 < epochs, f"the copy kept at home is of epoch {kept}: no room left to get ahead of it"
+    # With nothing advancing the job, the instance's training gets ahead of the copy kept at home...
+    _freeze("jt-a1", fake, at_least=kept + 2)
+    run_dir = _run_root("jt-a1", fake)
     # ...then it dies while torch.save is writing last.pt: the newest file on the instance is torn.
-    pod.host.run("pkill -9 -f train_entry.py; sleep 0.5")
-    size = int(pod.host.run(f"stat -c %s {run_dir}/weights/last.pt").stdout)
-    pod.host.run(f"truncate -s {size // 3} {run_dir}/weights/last.pt")
+    _pod_of(fake, "jt-a1").host.run("pkill -9 -f '[t]rain_entry.py'; sleep 0.5")
+    last = run_dir / "weights" / "last.pt"
+    with open(last, "r+b") as f:
+        f.truncate(last.stat().st_size // 3)
     job = _advance_until("jt", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running", env)
     second = job["attempts"][1]
     assert second["start_epoch"] == kept + 1, f"resumed from the intact copy of epoch {kept}: {second}"
@@ -271,7 +262,6 @@ def test_a_torn_last_pt_is_never_resumed_from(orch_home, ds, runpod):
 def test_a_torn_resume_copy_at_home_is_never_resumed_from(orch_home, ds):
     epochs = 5
     run_orch("run", "jh", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN, check=0)
-    assert _wait(_reached("jh-a1", 1), 120), "the training never reached epoch 1"
     thaw = _freeze("jh-a1")
     job = _advance_until("jh", lambda j: (j["checkpoint_epoch"] or 0) >= 1, every=0.5)
     thaw()
@@ -325,7 +315,8 @@ def test_max_cost_is_a_hard_cap_while_the_job_runs(orch_home, ds):
     configure(orch_home, "local", {"price_per_hour": 360.0})  # 0.10 $ a second: the cap comes quickly
     # A reaper scheduled every 5 s: the job looks 5 s ahead ($0.50) so the cap is not crossed between looks.
     open_orch().ledger.set_meta("reaper:schedule", json.dumps({"every": 5}))
-    run_orch("run", "jx", "--data", ds, "--epochs", "500", *TRAIN, "--max-cost", "3", check=0)
+    cap = 2.0  # about 15 s of training once the look-ahead is taken off
+    run_orch("run", "jx", "--data", ds, "--epochs", "500", *TRAIN, "--max-cost", str(cap), check=0)
     end = time.monotonic() + 240
     while (job := _job("jx"))["state"] in ("planned", "running", "recovering"):
         assert time.monotonic() < end, job["history"][-3:]
@@ -335,7 +326,7 @@ def test_max_cost_is_a_hard_cap_while_the_job_runs(orch_home, ds):
     assert (shown["state"], shown["reason"], shown["cost"]) == (job["state"], job["reason"], job["cost"])
     assert job["state"] == "failed" and "max-cost" in job["reason"], job["reason"]
     assert live_instances() == []
-    assert job["cost"] <= 3 * 1.5, f"the cap held within a look: ${job['cost']:.2f} spent for a $3 cap"
+    assert job["cost"] <= cap * 1.5, f"the cap held within a look: ${job['cost']:.2f} spent for a ${cap} cap"
     # What it trained came home first: the final pull, or (when the instance's own deadline, the same
     # cap, stopped it before the job's look) the last intact checkpoint copy the reason names.
     home = list((orch_home / "runs" / "jx").rglob("last.pt")) + list((orch_home / "jobs" / "jx").rglob("last.pt"))

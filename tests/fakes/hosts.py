@@ -100,6 +100,37 @@ def banner(address: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+# What a process pinned to one CPU weighs there: a training keeps its CPU busy, an orch command
+# mostly waits on SSH; anything else pinned (the kernel's per-CPU threads, idle sshds) is left out.
+LOAD = ((b"train_entry.py", 3), (b"-m\x00orchestrator", 1))
+
+
+def quietest_cpu() -> int | None:
+    """The CPU of this machine with the least work pinned to it right now (None: one CPU, or no
+    affinity on this platform). The test machine is shared by every worker of the suite: each host
+    gets one CPU of it, as a small cloud container has one vCPU, so that torch sizes its OpenMP pool
+    to one CPU instead of spinning threads for every CPU of a machine that is already full."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    taken = dict.fromkeys(cpus, 0)
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    cmd = f.read()
+                weight = next((w for needle, w in LOAD if needle in cmd), 0)
+                mine = os.sched_getaffinity(int(entry.name)) if weight else ()
+            except OSError:
+                continue
+            if len(mine) == 1:
+                cpu = next(iter(mine))
+                taken[cpu] = taken.get(cpu, 0) + weight
+    return min(cpus, key=lambda c: (taken.get(c, 0), c))
+
+
 def image_files(python: str | None, bashrc_tail: str = "") -> dict[str, dict]:
     """The files an Ubuntu image has where orch will look: root's dotfiles and ``python3``."""
     files = {"/root/.bashrc": {"text": UBUNTU_BASHRC + bashrc_tail}, "/root/.profile": {"text": UBUNTU_PROFILE}}
@@ -184,8 +215,10 @@ class Host:
             log = open(self.state / "boot.log", "ab")
             # The container's processes are started from whatever thread asked: no pdeathsig (it
             # fires when that thread ends). Teardown is by halt()/destroy() and the fakes' exits.
+            cpu = quietest_cpu()  # a container with a cpuset of one CPU (`docker run --cpuset-cpus`)
+            pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private", "--",
+                [*pin, "unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private", "--",
                  "/usr/bin/python3", str(HERE / "container_init.py"), str(self.state / "boot.json")],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
             log.close()
