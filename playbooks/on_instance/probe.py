@@ -36,9 +36,11 @@ try:
 except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
     facts["error"] = f"{type(e).__name__}: {e}"
 try:
-    import torchvision
+    from importlib.metadata import version
 
-    facts["torchvision"] = torchvision.__version__
+    # Its version only (what pip holds it at when LibreYOLO is installed), read from what pip
+    # recorded: importing torchvision imports torch._dynamo, a second of CPU per provisioning.
+    facts["torchvision"] = version("torchvision")
 except Exception:  # noqa: BLE001
     pass
 try:
