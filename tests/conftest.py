@@ -16,6 +16,34 @@ CLOUD_ENV = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_
              "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
+def _weight(item) -> int:
+    mark = item.get_closest_marker("long")
+    if mark is not None:
+        return int(mark.kwargs.get("weight", mark.args[0] if mark.args else 1))
+    return 1 if item.get_closest_marker("training") else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a parallel run, deal the long tests out so that each worker starts with its share of them,
+    heaviest first. xdist's work stealing hands each worker an even, contiguous slice of this list
+    and later moves tests from the end of a busy worker's queue: a long test left at the end of a
+    slice starts last and the whole run waits for it, with the other workers idle."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or len(items) < workers:
+        return
+    heavy = sorted((i for i in items if _weight(i)), key=_weight, reverse=True)  # stable: file order kept
+    if len(heavy) > len(items) // workers:
+        return  # more long tests than one slice holds: the file order is as good as any
+    light = iter([i for i in items if not _weight(i)])
+    slices, left = [], len(items)
+    for n in range(workers):  # the slice sizes xdist's worksteal scheduler cuts
+        size = left // (workers - n)
+        left -= size
+        share = heavy[n::workers]
+        slices.append(share + [next(light) for _ in range(size - len(share))])
+    items[:] = [i for part in slices for i in part]
+
+
 @pytest.fixture(autouse=True)
 def orch_home(tmp_path, monkeypatch):
     """Every test gets its own ORCH_HOME (ledger, keys, local instances) and no cloud credentials."""

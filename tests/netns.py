@@ -54,6 +54,7 @@ def isolate(module_globals: dict, timeout: float = 1800) -> None:
     for name in [n for n in module_globals if n.startswith("test_")]:
         del module_globals[name]
 
+    @pytest.mark.long(weight=3)  # a whole module in one test: the longest of the suite
     @pytest.mark.timeout(timeout)
     def runner(request):
         why = unavailable()

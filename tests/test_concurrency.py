@@ -69,6 +69,7 @@ def finish(procs: dict) -> dict:
     return {n: (p.communicate(timeout=300), p.returncode) for n, p in procs.items()}
 
 
+@pytest.mark.long
 @needs_torch
 def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_home, runpod):
     fake, env = runpod

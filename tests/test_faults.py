@@ -51,6 +51,7 @@ def assert_nothing_lost(provider, fake, orch_home, ledger) -> None:
 
 
 # -- crash safety ---------------------------------------------------------------------------------
+@pytest.mark.long
 @needs_torch
 @pytest.mark.parametrize("provider", ["local", "runpod", "vastai"])
 def test_killed_at_every_step_nothing_is_lost_and_a_new_up_resumes_or_refuses(orch_home, request, tmp_path,

@@ -231,6 +231,7 @@ def test_dry_run_protected_then_idle_instance_is_stopped(orch_home, no_watchdog)
     assert status["last_pass"]["outcomes"][0]["action"] == "stop"
 
 
+@pytest.mark.long
 @needs_torch
 def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_path):
     from orchestrator import dataset
@@ -259,6 +260,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
     assert run.pulled_at is not None and run.state == "completed"
 
 
+@pytest.mark.long
 @needs_torch
 def test_crashed_training_counts_as_idle(orch_home, no_watchdog, tmp_path):
     from orchestrator import dataset
@@ -328,6 +330,7 @@ def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_wat
     assert {e.actor for e in orch.ledger.events(inst.id) if e.to_state in ("stopped", "destroyed")} == {"reaper"}
 
 
+@pytest.mark.long
 @needs_torch
 def test_watchdog_stops_the_instance_with_no_controller_running(orch_home):
     up = run_orch("up", "wd", "--cpu", "--idle-minutes", "0.25", check=0)  # orch has exited: nobody watches

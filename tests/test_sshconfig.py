@@ -24,6 +24,7 @@ def hosts(config: Path) -> list[str]:
     return [line.split()[1] for line in config.read_text().splitlines() if line.startswith("Host ")]
 
 
+@pytest.mark.long
 def test_ssh_and_scp_reach_the_instance_and_the_file_follows_up_stop_start_down(orch_home, tmp_path):
     run_orch("up", "box1", "--cpu", check=0)
     proc = run_orch("ssh-config", check=0)

@@ -110,6 +110,7 @@ def test_a_start_that_schedules_for_a_while_succeeds(vast):
     assert f"{PROXY_HOST}:{fake.instances[int(inst.provider_id)]['ssh_port']}" in detail("sch", env)["ssh"]
 
 
+@pytest.mark.long
 def test_a_start_that_schedules_for_ever_is_stopped_again_within_the_bounded_wait(vast):
     fake, env = vast
     inst = rent("never")
@@ -133,6 +134,7 @@ def test_a_start_that_schedules_for_ever_is_stopped_again_within_the_bounded_wai
     assert fake.instances[int(inst.provider_id)]["intended_status"] == "stopped"  # nothing starts it later
 
 
+@pytest.mark.long
 def test_stopped_in_the_ledger_and_running_at_vast_is_billing_and_the_reaper_stops_it(vast):
     fake, env = vast
     inst = rent("unatt")
