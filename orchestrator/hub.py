@@ -1,7 +1,7 @@
 """Hugging Face Hub: stage a dataset as one tar in a dataset repo, fetch it on the instance, push weights.
 
 The advice of "Training on a rented GPU": a single tar in a HF dataset repo serves every provider fast and needs nothing
-but HF_TOKEN in the job's environment. huggingface_hub is optional here (``pip install 'orch[hf]'``)
+but HF_TOKEN in the job's environment. huggingface_hub is optional here (``pip install 'orch-gpu[hf]'``)
 and imported only when used. HF_ENDPOINT and HF_TOKEN are read from the environment, on the
 controller and on the instance alike; the token never goes into a script, an argv or a log.
 """
@@ -25,7 +25,7 @@ def _hf():
     try:
         import huggingface_hub
     except ImportError:
-        raise OrchError("Hugging Face support needs huggingface_hub: pip install 'orch[hf]'") from None
+        raise OrchError("Hugging Face support needs huggingface_hub: pip install 'orch-gpu[hf]'") from None
     return huggingface_hub
 
 

@@ -1,4 +1,4 @@
-"""AWS EC2, on-demand and spot, through boto3 (``orch[aws]``; imported only inside the verbs).
+"""AWS EC2, on-demand and spot, through boto3 (``orch-gpu[aws]``; imported only inside the verbs).
 
 Credentials and region are read the way every AWS tool reads them (environment, ``~/.aws``, a
 profile); ``AWS_ENDPOINT_URL`` (boto3's own) points it elsewhere. Settings (``[providers.aws]`` in

@@ -337,7 +337,7 @@ def test_push_with_a_bad_token_is_a_clear_error(ds, fake_hub):
 
 def test_hub_without_huggingface_hub_says_how_to_install(ds, monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # what a missing package looks like to import
-    with pytest.raises(OrchError, match=r"pip install 'orch\[hf\]'"):
+    with pytest.raises(OrchError, match=r"pip install 'orch-gpu\[hf\]'"):
         hub.push_dataset(ds, "acme/birds", token="x")
 
 
