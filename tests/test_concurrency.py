@@ -75,7 +75,7 @@ def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_ho
     fake, env = runpod
     env = {**env, **NO_WATCHDOG}
     names = [f"c{i}" for i in range(4)]
-    reaper = orch_proc("reap", "--watch", "--interval", "2", env=env)
+    reaper = orch_proc("reap", "--watch", "--interval", "4", env=env)
     ledger = open_orch().ledger
     with Background(["status"], ["reconcile", "--json"], ["status", "c1", "--json"]) as loop:
         ups = {n: orch_proc("up", n, "--cpu", env=env) for n in names}
