@@ -19,7 +19,7 @@ CLOUD_ENV = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_
 def _weight(item) -> int:
     mark = item.get_closest_marker("long")
     if mark is not None:
-        return int(mark.kwargs.get("weight", mark.args[0] if mark.args else 1))
+        return int(mark.kwargs.get("weight", 1))
     return 1 if item.get_closest_marker("training") else 0
 
 
@@ -80,7 +80,7 @@ def _cleanup_local(home: Path) -> None:
 
 def one_cpu(proc: subprocess.Popen) -> subprocess.Popen:
     """Put a just-started orch process, and so every local instance it starts (its sshd,
-    then every session and training there), on one CPU: the one fewest trainings use right now.
+    then every session and training there), on one CPU: the least loaded (``quietest_cpu``).
 
     torch sizes its OpenMP pool to the CPUs a process may use, and OpenMP threads spin while they
     wait: with the suite's workers sharing a 2-core machine, trainings each sized for every CPU
@@ -97,6 +97,18 @@ def one_cpu(proc: subprocess.Popen) -> subprocess.Popen:
     except OSError:
         pass  # it has already ended
     return proc
+
+
+def on_instance(name: str):
+    """A script of ``playbooks/on_instance`` imported as the instance runs it (standard library
+    only), to read from this machine's side what the instance would find."""
+    import importlib
+
+    from playbooks.host import ON_INSTANCE
+
+    if str(ON_INSTANCE) not in sys.path:
+        sys.path.insert(0, str(ON_INSTANCE))
+    return importlib.import_module(name)
 
 
 def run_orch(*args, env=None, check=None, timeout=600, input=None):

@@ -7,17 +7,14 @@ for what a whole one holds.
 
 import os
 import random
-import sys
 from collections import OrderedDict
 
 import pytest
 
-from playbooks.host import ON_INSTANCE
-from tests.conftest import needs_torch
+from tests.conftest import needs_torch, on_instance
 
 pytestmark = needs_torch
-sys.path.insert(0, str(ON_INSTANCE))
-import checkpoint  # noqa: E402  (the script as the instance runs it)
+checkpoint = on_instance("checkpoint")  # the script as the instance runs it
 
 
 @pytest.fixture(scope="module")

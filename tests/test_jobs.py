@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator import dataset
-from playbooks.host import ON_INSTANCE
 from tests.clouds import configure, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
-from tests.conftest import needs_torch, run_orch
+from tests.conftest import needs_torch, on_instance, run_orch
+
+checkpoint = on_instance("checkpoint")  # the on-instance check, read from this machine's side
 
 TRAIN = ("--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0")
 
@@ -112,12 +112,10 @@ def _freeze(instance: str, fake=None, at_least: int = 1, patience: float = 120.0
     fast this machine trains; returns what resumes it."""
     import signal
 
-    sys.path.insert(0, str(ON_INSTANCE))
-    import checkpoint  # the on-instance check, read from this machine's side
-
     def send(sig):
         if fake is None:
-            os.kill(open_orch().ledger.latest_run(open_orch().ledger.by_name(instance).id).pid, sig)
+            ledger = open_orch().ledger
+            os.kill(ledger.latest_run(ledger.by_name(instance).id).pid, sig)
         else:  # '[t]rain': the pattern does not match the shell that runs pkill
             _pod_of(fake, instance).host.run(f"pkill -{signal.Signals(sig).name[3:]} -f '[t]rain_entry.py'")
     end = time.monotonic() + patience

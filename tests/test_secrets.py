@@ -3,7 +3,6 @@ event, ``--json`` output or command line, on this machine or the instance, while
 
 import getpass
 import json
-import os
 import secrets
 import threading
 
@@ -12,6 +11,7 @@ import pytest
 from orchestrator import dataset
 from tests.conftest import needs_torch, run_orch
 from tests.clouds import configure, local_billing, orch_proc
+from tests.fakes.hosts import command_lines
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
 from tests.postgres import PASSWORD, pg_server, pg_url  # noqa: F401
@@ -28,15 +28,8 @@ class CommandLines:
         # What `ps -ww -eo args` prints, read from /proc in this process: a `ps` every sample was
         # most of this test's CPU, and a shorter period sees more short-lived commands.
         while not self.stop.is_set():
-            for entry in os.scandir("/proc"):
-                if entry.name.isdigit():
-                    try:
-                        with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                            raw = f.read()
-                    except OSError:
-                        continue  # gone between the listing and the read
-                    if raw:
-                        self.seen.add(raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
+            for _, raw in command_lines():
+                self.seen.add(raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace"))
             self.stop.wait(0.05)
 
     def __enter__(self):

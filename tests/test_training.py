@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import dataset
-from tests.conftest import needs_torch, run_orch
+from tests.conftest import needs_torch, on_instance, run_orch
 
 pytestmark = [needs_torch, pytest.mark.training]
+checkpoint = on_instance("checkpoint")  # the on-instance check of last.pt, read from this machine's side
 TRAIN = ["--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0", "--model", "yolo9-t"]
 
 
@@ -109,23 +110,11 @@ def kill_between_checkpoints(pid, last_pt):
     atomic, and this test is about orch seeing the crash and resuming, not a torn checkpoint."""
     for _ in range(50):
         os.kill(pid, signal.SIGSTOP)
-        if _checkpoint().check(str(last_pt))["loads"]:
+        if checkpoint.check(str(last_pt))["loads"]:
             break
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.3)
     os.kill(pid, signal.SIGKILL)
-
-
-def _checkpoint():
-    """The on-instance checkpoint check (standard library), run from this machine's side."""
-    import sys
-
-    from playbooks.host import ON_INSTANCE
-
-    sys.path.insert(0, str(ON_INSTANCE))
-    import checkpoint
-
-    return checkpoint
 
 
 def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, ds):
@@ -138,7 +127,7 @@ def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, d
     assert (orch_home / "runs" / "tr2" / "status.json").exists(), "status pulls the milestones it finds"
 
     # What it resumes from is last.pt (status.json is written after it, and may be an epoch behind).
-    done = _checkpoint().check(str(Path(first["run_dir"]) / "weights" / "last.pt"))["epoch"]
+    done = checkpoint.check(str(Path(first["run_dir"]) / "weights" / "last.pt"))["epoch"]
     target = done + 2
     resumed = run_orch("up", "tr2", "--resume", "--data", ds, "--epochs", target, *TRAIN, "--wait", "--json", check=0)
     run = json.loads(resumed.stdout)["run"]

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from importlib.metadata import version
 
 want_gpu = sys.argv[1] == "gpu"
 facts = {"python": sys.executable, "torch": None, "torchvision": None, "torch_cuda": None,
@@ -36,16 +37,12 @@ try:
 except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
     facts["error"] = f"{type(e).__name__}: {e}"
 try:
-    from importlib.metadata import version
-
     # Its version only (what pip holds it at when LibreYOLO is installed), read from what pip
     # recorded: importing torchvision imports torch._dynamo, a second of CPU per provisioning.
     facts["torchvision"] = version("torchvision")
 except Exception:  # noqa: BLE001
     pass
 try:
-    from importlib.metadata import version
-
     import libreyolo  # noqa: F401  (an import that fails means it must be (re)installed)
 
     facts["libreyolo"] = version("libreyolo")

@@ -116,19 +116,30 @@ def quietest_cpu() -> int | None:
     if len(cpus) < 2:
         return None
     taken = dict.fromkeys(cpus, 0)
+    for pid, cmd in command_lines():
+        weight = next((w for needle, w in LOAD if needle in cmd), 0)
+        try:
+            mine = os.sched_getaffinity(pid) if weight else ()
+        except OSError:
+            continue  # it has ended
+        if len(mine) == 1:
+            cpu = next(iter(mine))
+            taken[cpu] = taken.get(cpu, 0) + weight
+    return min(cpus, key=lambda c: (taken.get(c, 0), c))
+
+
+def command_lines():
+    """(pid, raw command line: arguments NUL-separated) of every process on this machine that has
+    one (kernel threads have none), read from /proc without starting a `ps`."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    cmd = f.read()
-                weight = next((w for needle, w in LOAD if needle in cmd), 0)
-                mine = os.sched_getaffinity(int(entry.name)) if weight else ()
+                    raw = f.read()
             except OSError:
-                continue
-            if len(mine) == 1:
-                cpu = next(iter(mine))
-                taken[cpu] = taken.get(cpu, 0) + weight
-    return min(cpus, key=lambda c: (taken.get(c, 0), c))
+                continue  # gone between the listing and the read
+            if raw:
+                yield int(entry.name), raw
 
 
 def image_files(python: str | None, bashrc_tail: str = "") -> dict[str, dict]:
