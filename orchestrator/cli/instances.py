@@ -130,7 +130,15 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
         cls = plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
         if spot and not cls.capabilities.spot:
             raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+        need_credentials(provider)
     return policy, spec, request
+
+
+def need_credentials(provider: str) -> None:
+    """A provider without its key is refused before anything is opened, checked or created."""
+    from orchestrator import config, plugins
+
+    plugins.provider_class(provider)(config.provider_settings(provider)).require_credentials()
 
 
 def refuse_reached(folder, epochs: int) -> None:

@@ -60,9 +60,17 @@ def run(
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     for p in providers:
-        plugins.provider_class(p)
+        instances.need_credentials(p)  # unknown, or without its key: refused before anything is made
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
+    if _cpu_by_default(providers, options):
+        # As `orch up` does on a laptop: no key to rent a GPU anywhere and none here, a CPU instance
+        # on the default provider rather than a failed search for GPU offers.
+        request = replace(request, cpu=True)
+        say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
+            f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
+    if request.cpu:
+        instances.need_credentials(providers[0] if providers else plugins.default_provider())
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
@@ -113,6 +121,23 @@ def run(
     _show(orch, job, as_json)
     if job.state == jobs.FAILED:
         sys.exit(1)
+
+
+def _cpu_by_default(providers: list[str], options: dict) -> bool:
+    """No choice made (no --provider, --gpu, --gpus, --cpu or --offer), the default provider has no
+    GPU here but runs CPU instances, and no other provider has a key: nothing to rank."""
+    from orchestrator import config, plugins
+
+    if providers or options["gpu"] is not None or options["cpu"] or options["gpus"] != 1 or options["offer"]:
+        return False
+    default = plugins.default_provider()
+    local = plugins.provider_class(default)(config.provider_settings(default))
+    if local.capabilities.gpu or not local.capabilities.cpu_only:
+        return False
+    for name, cls in plugins.providers().items():
+        if name != default and cls(config.provider_settings(name)).configured():
+            return False
+    return True
 
 
 def _signature() -> inspect.Signature:

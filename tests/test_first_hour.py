@@ -1,0 +1,86 @@
+"""The first hour of a new user, on a machine without a GPU and without provider keys: what is
+refused before anything is made, what runs by default, and that nothing is left unsaid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator import dataset
+from tests.conftest import needs_torch, run_orch
+from tests.test_cli_ux import has_local_gpu
+
+RUNPOD_KEY = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    return dataset.synth(tmp_path_factory.mktemp("first") / "ds", n_train=4, n_val=2, imgsz=64)
+
+
+# -- keys, before anything is created ---------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["up", "bad3", "--provider", "runpod", "--gpu", "RTX 4090"],
+    ["up", "bad3", "--provider", "runpod", "--cpu"],
+    ["run", "bad3", "--data", "DS", "--provider", "runpod", "--gpu", "RTX 4090"],
+    ["run", "bad3", "--data", "DS", "--provider", "local", "--provider", "runpod"],
+])
+def test_a_provider_without_its_key_is_refused_before_anything_is_made(orch_home, ds, argv):
+    proc = run_orch(*[str(ds) if a == "DS" else a for a in argv])
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "no runpod credentials" in line and RUNPOD_KEY in line
+    assert not orch_home.exists(), "no ledger, no row, no home: nothing was created"
+
+
+def test_a_key_in_config_toml_is_enough_to_pass_the_check(orch_home):
+    # The key is there (config.toml): the refusal is no longer about keys (the fake API is nowhere).
+    orch_home.mkdir()
+    (orch_home / "config.toml").write_text('[providers.runpod]\napi_key = "rp-test"\nretries = 1\n')
+    proc = run_orch("up", "box", "--provider", "runpod", "--gpu", "RTX 4090", "--ssh-timeout", "1")
+    assert "credentials" not in proc.stderr and proc.returncode != 0
+
+
+# -- offers and check name what they skipped ---------------------------------------------------------
+def test_offers_without_keys_names_every_provider_skipped_and_the_key_it_needs(orch_home):
+    proc = run_orch("offers")
+    assert proc.returncode == 1
+    skipped = {line.split()[1].rstrip(":"): line for line in proc.stderr.splitlines() if line.startswith("skipped ")}
+    assert set(skipped) >= {"runpod", "vastai", "aws", "lambda"}, proc.stderr
+    assert RUNPOD_KEY in skipped["runpod"] and "VAST_API_KEY" in skipped["vastai"]
+    assert "LAMBDA_API_KEY" in skipped["lambda"] and "AWS_ACCESS_KEY_ID" in skipped["aws"]
+    if not has_local_gpu():
+        assert "no GPU on this machine" in skipped["local"]
+    assert "no provider asked" in proc.stdout
+    data = json.loads(run_orch("offers", "--json").stdout)
+    assert {s["provider"] for s in data["skipped"]} >= {"runpod", "vastai", "aws", "lambda"}
+
+
+def test_check_without_a_provider_checks_every_one_and_names_those_skipped(orch_home):
+    proc = run_orch("check", check=0)
+    lines = proc.stdout.splitlines()
+    assert "local: every step held" in lines
+    for name, key in (("runpod", "RUNPOD_API_KEY"), ("vastai", "VAST_API_KEY"), ("lambda", "LAMBDA_API_KEY"),
+                      ("aws", "AWS_ACCESS_KEY_ID")):
+        [line] = [x for x in lines if x.startswith(f"{name}: ")]
+        assert "skipped" in line and key in line
+    data = json.loads(run_orch("check", "--json", check=0).stdout)
+    assert [r["provider"] for r in data["providers"]] == ["local"] and data["ok"]
+    assert {s["provider"] for s in data["skipped"]} == {"runpod", "vastai", "aws", "lambda"}
+    assert run_orch("check", "--live").returncode == 2  # --live rents: one provider, named
+
+
+# -- orch run on a laptop ---------------------------------------------------------------------------
+@needs_torch
+@pytest.mark.training
+@pytest.mark.skipif(has_local_gpu(), reason="on a machine with a GPU the job ranks GPU offers")
+def test_run_without_flags_on_a_machine_without_gpu_or_keys_trains_on_a_cpu_instance(orch_home, ds):
+    proc = run_orch("run", "j1", "--data", ds, "--epochs", "1", "--imgsz", "64", "--batch", "4",
+                    "--train-arg", "workers=0", "--json")
+    said = [line for line in proc.stderr.splitlines() if "CPU instance" in line]
+    assert len(said) == 1 and "local" in said[0], proc.stderr
+    job = json.loads(proc.stdout)
+    assert job["plan"]["cpu"] is True and job["plan"]["provider"] == "local", job
+    assert [a["provider"] for a in job["attempts"]] == ["local"] and job["state"] != "failed", job
+    run_orch("jobs", "cancel", "j1", check=0)
