@@ -245,7 +245,7 @@ def _ask(home: Path, provider, request: Request, fresh: bool, ttl: float) -> tup
     """(offers, age of the cached answer or None when asked live); (None, None): no source of offers."""
     missing = provider.missing_credentials()
     if missing:
-        raise AuthError(f"no key: set {missing}")
+        raise AuthError(f"no API key: set {missing}")
     path = _cache_path(home, provider, request)
     if not fresh and ttl > 0:
         cached = _read_cache(path, ttl)

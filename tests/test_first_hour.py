@@ -84,3 +84,55 @@ def test_run_without_flags_on_a_machine_without_gpu_or_keys_trains_on_a_cpu_inst
     assert job["plan"]["cpu"] is True and job["plan"]["provider"] == "local", job
     assert [a["provider"] for a in job["attempts"]] == ["local"] and job["state"] != "failed", job
     run_orch("jobs", "cancel", "j1", check=0)
+
+
+# -- logs, down ------------------------------------------------------------------------------------
+def _in_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """``orch ARGS`` with a terminal on its stdin (as a person types), answering the first question."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdin=follower, stdout=subprocess.PIPE,
+                            stderr=follower, cwd=ROOT, text=True)
+    os.close(follower)
+    seen, deadline = b"", time.monotonic() + 120
+    while b"[y/N]" not in seen and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            seen += os.read(leader, 4096)
+        except OSError:
+            break
+    os.write(leader, answer.encode() + b"\n")
+    out, _ = proc.communicate(timeout=300)
+    os.close(leader)
+    return proc.returncode, seen.decode(errors="replace") + out
+
+
+def test_logs_without_a_run_and_down_of_a_training_instance_asks_first(orch_home):
+    from tests.clouds import open_orch
+
+    for name in ("ta", "tb", "tc"):
+        run_orch("up", name, "--cpu", check=0)
+    logs = run_orch("logs", "tb")
+    assert logs.returncode == 2 and "no training run" in logs.stderr and logs.stdout == ""
+
+    ledger = open_orch().ledger
+    ledger.add_run(instance_id=ledger.by_name("ta").id, model="yolo9-t", data="x", epochs=9, run_dir="/nowhere",
+                   pid=1, state="running")  # as the ledger records a training started by `orch up --data`
+    refused = run_orch("down", "ta", "tb")  # no terminal to ask on: refused, nothing destroyed
+    assert refused.returncode == 2 and "ta is training" in refused.stderr and "--yes" in refused.stderr
+    assert run_orch("down", "--all").returncode == 2
+    rc, said = _in_a_terminal(["down", "ta"], "n")
+    assert "ta (TRAINING)" in said and rc == 2, said
+    assert {i.name: i.state for i in ledger.instances()} == {"ta": "ready", "tb": "ready", "tc": "ready"}
+
+    run_orch("down", "tb", check=0)  # not training: no question
+    rc, said = _in_a_terminal(["down", "--all", "--no-pull"], "y")
+    assert rc == 0 and "ta: destroyed" in said and "tc: destroyed" in said, said
+    assert {i.state for i in ledger.instances()} == {"destroyed"}
+    assert run_orch("down").returncode == 2  # neither names nor --all

@@ -337,14 +337,59 @@ def start(name: str,
 
 
 @app.command()
-def down(name: str, no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
-    """Pull the weights, then destroy the instance and everything on it; billing ends."""
-    from orchestrator import claims
+def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", help="The instances to destroy."),
+         all_: bool = typer.Option(False, "--all", help="Every live instance in the ledger."),
+         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask, also for an instance that is training."),
+         no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
+    """Pull the weights, then destroy the instances and everything on them; billing ends. Asks first
+    when one is training or with --all (without a terminal to ask, --yes is needed)."""
     from orchestrator.lifecycle import check_name
 
-    check_name(name)
+    if all_ == bool(names):
+        raise UsageError("name the instances to destroy, or --all (not both)")
+    for name in names or []:
+        check_name(name)
     orch = open_orch()
-    inst = orch.instance(name)
+    targets = orch.ledger.instances(live_only=True) if all_ else [orch.instance(n) for n in dict.fromkeys(names)]
+    if not targets:
+        out("no live instance")
+        return
+    training = [i.name for i in targets if _training(orch, i)]
+    if (all_ or training) and not yes:
+        what = ", ".join(f"{i.name}" + (" (TRAINING)" if i.name in training else "") for i in targets)
+        _confirm(f"destroy {what}{'' if no_pull else ', after pulling their weights'}?",
+                 f"{', '.join(training) or 'every instance'} {'is' if len(training) == 1 else 'are'} "
+                 f"{'training' if training else 'named by --all'}")
+    failed = []
+    for inst in targets:
+        try:
+            _down(orch, inst, no_pull)
+        except OrchError as e:
+            if len(targets) == 1:
+                raise
+            failed.append(inst.name)
+            say(f"orch: error: {inst.name}: {e}")
+    if failed:
+        raise OrchError(f"not destroyed: {', '.join(failed)} (see above)")
+
+
+def _training(orch, inst) -> bool:
+    """Whether the ledger last saw a training running there (no SSH: a refusal must be quick)."""
+    run = orch.ledger.latest_run(inst.id)
+    return run is not None and run.state == "running"
+
+
+def _confirm(question: str, why: str) -> None:
+    """Ask on the terminal; without one (a script, a pipe, CI) refuse rather than guess."""
+    if not sys.stdin.isatty():
+        raise UsageError(f"{why}: add --yes to destroy without asking (no terminal to ask on)")
+    if not typer.confirm(question, default=False, err=True):
+        raise UsageError("nothing destroyed")
+
+
+def _down(orch, inst, no_pull: bool) -> None:
+    from orchestrator import claims
+
     with claims.hold(orch.ledger, inst.name):  # nobody else pulls or moves it between the pull and the destroy
         inst = orch.ledger.get(inst.id)
         run = orch.ledger.latest_run(inst.id)
@@ -402,6 +447,10 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
     orch = open_orch()
     inst = orch.instance(name)
+    run = orch.ledger.latest_run(inst.id)
+    if run is None:  # an empty answer would read as "the training printed nothing"
+        raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
+                         "starts one)")
     with orch.connect(inst) as c:
         log = host.workdir(c) + "/train.log"
         if not follow:
