@@ -101,7 +101,7 @@ def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
         return spec
     from orchestrator import dataset
 
-    info = dataset.validate(Path(spec.data).expanduser(), imgsz=spec.imgsz)
+    info = dataset.validate(Path(spec.data).expanduser(), imgsz=spec.imgsz, say=say)
     cache = home / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"pack-{os.getpid()}.tar"

@@ -136,3 +136,15 @@ def test_logs_without_a_run_and_down_of_a_training_instance_asks_first(orch_home
     assert rc == 0 and "ta: destroyed" in said and "tc: destroyed" in said, said
     assert {i.state for i in ledger.instances()} == {"destroyed"}
     assert run_orch("down").returncode == 2  # neither names nor --all
+
+
+# -- no silent minutes -------------------------------------------------------------------------------
+@needs_torch
+def test_the_dataset_doctor_says_what_it_does_and_how_long_it_has_run(ds, monkeypatch):
+    monkeypatch.setattr(dataset, "DOCTOR_NOTE_SECONDS", 0.5)  # LibreYOLO loads torch first: always over 0.5 s
+    said = []
+    info = dataset.validate(ds, imgsz=64, say=said.append)
+    assert info.n_images == {"train": 4, "val": 2}
+    assert "libreyolo doctor checks 6 images" in said[0], said
+    assert any("still checking" in line for line in said[1:-1]), said
+    assert "done in" in said[-1]
