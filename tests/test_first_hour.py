@@ -148,3 +148,32 @@ def test_the_dataset_doctor_says_what_it_does_and_how_long_it_has_run(ds, monkey
     assert "libreyolo doctor checks 6 images" in said[0], said
     assert any("still checking" in line for line in said[1:-1]), said
     assert "done in" in said[-1]
+
+
+# -- data-loading workers ------------------------------------------------------------------------------
+def test_data_loading_workers_are_sized_to_the_cpus_of_the_instance():
+    import os
+    import subprocess
+    import sys
+
+    from playbooks.host import ON_INSTANCE
+
+    # The script as the instance runs it, in a process held to one CPU (a small instance), then two.
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import train_entry as t; "
+            "print(json.dumps([t.usable_cpus(), t.with_workers({'mode': 'cli', 'argv': ['device=cpu']})['argv'], "
+            "t.with_workers({'mode': 'api', 'kwargs': {'device': '0,1'}})['kwargs'], "
+            "t.with_workers({'mode': 'cli', 'argv': ['device=cpu', 'workers=5']})['argv']]))")
+    cpus = sorted(os.sched_getaffinity(0))
+    for allowed in ([cpus[0]], cpus[:2]):
+        out = subprocess.run([sys.executable, "-c", code, str(ON_INSTANCE)], capture_output=True, text=True,
+                             check=True, preexec_fn=lambda a=allowed: os.sched_setaffinity(0, set(a))).stdout
+        n, cpu_argv, gpu_kwargs, given = json.loads(out)
+        assert n <= len(allowed)
+        assert cpu_argv == ["device=cpu", f"workers={max(0, n - 1)}"], "one core left to the CPU training itself"
+        assert gpu_kwargs["workers"] == n // 2, "the CPUs shared between two GPUs' loaders"
+        assert given == ["device=cpu", "workers=5"], "a workers= the user gave is kept"
+    from tests.conftest import on_instance
+
+    t = on_instance("train_entry")
+    assert [t.loader_workers(16, 1, False), t.loader_workers(64, 8, False), t.loader_workers(2, 1, True),
+            t.loader_workers(1, 1, True), t.loader_workers(4, 8, False)] == [8, 8, 1, 0, 0]
