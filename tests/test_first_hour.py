@@ -177,3 +177,24 @@ def test_data_loading_workers_are_sized_to_the_cpus_of_the_instance():
     t = on_instance("train_entry")
     assert [t.loader_workers(16, 1, False), t.loader_workers(64, 8, False), t.loader_workers(2, 1, True),
             t.loader_workers(1, 1, True), t.loader_workers(4, 8, False)] == [8, 8, 1, 0, 0]
+
+
+# -- status --refresh ---------------------------------------------------------------------------------
+@pytest.mark.long
+@needs_torch
+def test_status_refresh_shows_an_instance_its_watchdog_stopped(orch_home):
+    from providers import local as sshd
+    from tests.clouds import wait_for
+    from tests.test_reaper import live_root
+
+    run_orch("up", "wd2", "--cpu", "--idle-minutes", "0.1", check=0)  # orch has exited: nobody watches
+    root = live_root(orch_home, "wd2")
+    wait_for(lambda: not sshd.running(root), timeout=120, what="the watchdog to stop its instance")
+    [before] = json.loads(run_orch("status", "--json", check=0).stdout)
+    assert before["state"] == "ready", "the ledger alone has not seen it (nothing looked)"
+    assert "--refresh" in run_orch("status", check=0).stdout
+    [after] = json.loads(run_orch("status", "--refresh", "--json", check=0).stdout)
+    assert after["state"] == "stopped"
+    detail = json.loads(run_orch("status", "wd2", "--json", check=0).stdout)
+    assert detail["events"][-1]["actor"] == "watchdog" and "watchdog" in detail["events"][-1]["reason"]
+    run_orch("down", "wd2", check=0)

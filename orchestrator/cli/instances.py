@@ -197,13 +197,21 @@ def _summary(inst, as_json: bool, run=None, view=None) -> None:
 def status(
     name: Optional[str] = typer.Argument(None, help="One instance (shows its training run too)."),
     all_: bool = typer.Option(False, "--all", "-a", help="Include destroyed, failed and lost instances."),
+    refresh: bool = typer.Option(False, "--refresh", "-r", help="Ask each provider first (one listing each): "
+                                                              "what a watchdog or a console did shows at once."),
     as_json: bool = typer.Option(False, "--json", help="Stable JSON output (see README)."),
 ):
-    """The fleet from the ledger, or one instance in detail."""
+    """The fleet from the ledger (--refresh: as the providers show it now), or one instance in detail
+    (always asked of its provider)."""
     if name is None:
         from orchestrator import fleet
 
-        fleet.show(all_, as_json)
+        if refresh:
+            from orchestrator.sync import refresh_all
+
+            for provider, why in refresh_all(open_orch()):
+                say(f"orch: warning: {provider} could not be asked ({why}): its instances are as the ledger last saw them")
+        fleet.show(all_, as_json, refreshed=refresh)
         return
     from orchestrator import watchdog
     from orchestrator.views import iso, model_dict
