@@ -198,3 +198,26 @@ def test_status_refresh_shows_an_instance_its_watchdog_stopped(orch_home):
     detail = json.loads(run_orch("status", "wd2", "--json", check=0).stdout)
     assert detail["events"][-1]["actor"] == "watchdog" and "watchdog" in detail["events"][-1]["reason"]
     run_orch("down", "wd2", check=0)
+
+
+# -- a checkout and its .venv under /tmp ------------------------------------------------------------------
+def test_a_fake_cloud_host_runs_the_image_python_of_a_venv_under_tmp(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.fakes.hosts import Host, sshd_available
+
+    if not sshd_available():
+        pytest.skip("fake hosts need root, unshare and sshd")
+    venv = tmp_path / "clone" / ".venv"  # pytest's tmp_path is under /tmp, which every container hides
+    assert str(venv).startswith("/tmp/")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    h = Host(tmp_path / "host", python=str(venv / "bin" / "python"))
+    h.boot()
+    try:
+        seen = h.run(f"/usr/local/bin/python3 -c 'import sys; print(sys.prefix)' && touch {venv}/written-inside")
+        assert seen.returncode == 0 and seen.stdout.strip() == str(venv), seen.stderr
+        assert h.run("ls /tmp").stdout.split() == [venv.parts[2]], "the rest of this machine's /tmp stays hidden"
+        assert not (venv / "written-inside").exists(), "what the container writes stays on its own disk"
+    finally:
+        h.destroy()
