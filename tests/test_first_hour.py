@@ -120,6 +120,7 @@ def test_logs_without_a_run_and_down_of_a_training_instance_asks_first(orch_home
         run_orch("up", name, "--cpu", check=0)
     logs = run_orch("logs", "tb")
     assert logs.returncode == 2 and "no training run" in logs.stderr and logs.stdout == ""
+    _ssh_starts_ssh_without_the_full_cli("tb")
 
     ledger = open_orch().ledger
     ledger.add_run(instance_id=ledger.by_name("ta").id, model="yolo9-t", data="x", epochs=9, run_dir="/nowhere",
@@ -221,3 +222,20 @@ def test_a_fake_cloud_host_runs_the_image_python_of_a_venv_under_tmp(tmp_path):
         assert not (venv / "written-inside").exists(), "what the container writes stays on its own disk"
     finally:
         h.destroy()
+
+
+def _ssh_starts_ssh_without_the_full_cli(name: str) -> None:
+    """`orch ssh NAME -- CMD` runs CMD there, and reaches ssh having loaded neither Typer nor
+    SQLAlchemy (seconds on a busy machine: bench/ssh.py measures it)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    assert run_orch("ssh", name, "--", "echo", "hi there").stdout == "hi there\n"
+    code = ("import os, sys\nsys.argv = ['orch', 'ssh', sys.argv[1], '--', 'true']\n"
+            "def execvp(file, argv):\n    print('EXEC', file, [m for m in ('typer', 'sqlalchemy', 'sqlmodel', 'fabric')"
+            " if m in sys.modules]); sys.exit(0)\nos.execvp = execvp\n"
+            "from orchestrator.cli.main import main\nmain()\n")
+    out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, cwd=ROOT).stdout
+    assert out.strip() == "EXEC ssh []", out

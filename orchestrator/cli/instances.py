@@ -292,7 +292,7 @@ def _run_view(orch, inst, run) -> dict:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
-    from orchestrator import config, remote
+    from orchestrator import ssh_exec
 
     orch = open_orch()
     inst = orch.instance(name)
@@ -304,16 +304,7 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
         with orch.connect(inst):
             pass
         inst = orch.ledger.get(inst.id)
-    user = remote.check_user(inst.ssh_user or "root")
-    known = orch.home / "known_hosts"
-    known.write_text(f"{remote.host_id(inst.ssh_host, inst.ssh_port)} {inst.host_key}\n")
-    os.chmod(known, 0o600)
-    key, _ = config.ssh_key()
-    argv = ["ssh", "-i", str(key), "-p", str(inst.ssh_port), "-o", f"UserKnownHostsFile=\"{known}\"",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-            "-l", user, "--", inst.ssh_host]
-    if command:
-        argv += command
+    argv = ssh_exec.argv(orch.home, inst.ssh_host, inst.ssh_port, inst.ssh_user, inst.host_key, command or [])
     sys.stdout.flush()
     os.execvp("ssh", argv)
 

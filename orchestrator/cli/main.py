@@ -24,6 +24,10 @@ def main() -> None:
             return
         except Exception:  # noqa: BLE001 - whatever it was, the full CLI says it properly (one line, its exit code)
             pass
+    if args[:1] == ["ssh"]:
+        from orchestrator import ssh_exec
+
+        ssh_exec.fast(args)  # execs ssh, or returns when the full CLI must answer
     run()
 
 
