@@ -54,7 +54,7 @@ install_torch() {  # $1: the venv's python
       echo "torch: the CPU build ($(cpu_pair)): $why"
       return
     fi
-    echo "torch: no CPU build to be had here ($(cpu_pair): $(grep -m1 -i 'error' "$log" || echo "its operators do not load"))"
+    echo "torch: the CPU build ($(cpu_pair)) could not be had here: $(grep -m1 '^ERROR' "$log" || echo "its operators do not load")"
     echo "       PyPI has no CPU torchvision for $(uname -m); ORCH_TORCH_INDEX=<a PyTorch CPU wheel index> gives one"
     rm -f "$log"
   fi
