@@ -71,6 +71,15 @@ def test_check_without_a_provider_checks_every_one_and_names_those_skipped(orch_
     assert run_orch("check", "--live").returncode == 2  # --live rents: one provider, named
 
 
+@pytest.mark.long  # the dataset doctor loads torch first
+def test_run_for_a_gpu_with_no_keys_names_the_providers_it_could_not_ask(orch_home, ds):
+    proc = run_orch("run", "j0", "--data", ds, "--gpu", "RTX 4090")
+    assert proc.returncode != 0
+    assert f"runpod not asked: no key: set {RUNPOD_KEY}" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "no on-demand offer" in last and "not asked: " in last and "runpod" in last and "`orch check`" in last
+
+
 # -- orch run on a laptop ---------------------------------------------------------------------------
 @needs_torch
 @pytest.mark.training
@@ -113,6 +122,7 @@ def _in_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
     return proc.returncode, seen.decode(errors="replace") + out
 
 
+@pytest.mark.long
 def test_logs_without_a_run_and_down_of_a_training_instance_asks_first(orch_home):
     from tests.clouds import open_orch
 
