@@ -34,6 +34,14 @@ def test_a_provider_without_its_key_is_refused_before_anything_is_made(orch_home
     assert not orch_home.exists(), "no ledger, no row, no home: nothing was created"
 
 
+def test_a_default_provider_without_its_key_is_refused_too(orch_home):
+    orch_home.mkdir()
+    (orch_home / "config.toml").write_text('default_provider = "runpod"\n')
+    proc = run_orch("up", "box", "--cpu")
+    assert proc.returncode == 2 and "no runpod credentials" in proc.stderr and RUNPOD_KEY in proc.stderr
+    assert sorted(p.name for p in orch_home.iterdir()) == ["config.toml"], "no ledger made"
+
+
 def test_a_key_in_config_toml_is_enough_to_pass_the_check(orch_home):
     # The key is there (config.toml): the refusal is no longer about keys (the fake API is nowhere).
     orch_home.mkdir()

@@ -56,6 +56,8 @@ def up(
         ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
         max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
+    if provider is None and not cheapest:
+        need_credentials(plugins.default_provider())  # default_provider in config.toml, without its key
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
     orch = open_orch()

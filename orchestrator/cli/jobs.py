@@ -103,6 +103,8 @@ def run(
     js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images)
     t0 = time.monotonic()
+    if not request.cpu and not request.offer:
+        say(f"plan: asking {', '.join(providers) if providers else 'every provider with a key'} for live offers")
     choice = jobs.plan(orch, js)
     jobs.check_plan(choice, max_cost)
     say(f"plan: {choice.line}")
