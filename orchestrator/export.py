@@ -243,7 +243,10 @@ def write(spec: ExportSpec, output: Path, force: bool) -> Path:
 def sdk_installed(platform_name: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(platform(platform_name).sdk) is not None
+    try:
+        return importlib.util.find_spec(platform(platform_name).sdk) is not None
+    except (ImportError, ValueError):  # a broken install counts as none
+        return False
 
 
 # Runs in a child process: loads the file as a module (not __main__, so nothing runs) and prints what the
