@@ -217,12 +217,15 @@ def embedded() -> str:
     parts = []
     for module, names in EMBEDDED:
         text = (ON_INSTANCE / module).read_text()
-        tree = ast.parse(text)
-        for node in tree.body:
+        found = []
+        for node in ast.parse(text).body:
             named = getattr(node, "name", None) or (
                 node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) else None)
             if named in names:
-                parts.append(f"# {module}\n" + ast.get_source_segment(text, node, padded=False))
+                found.append(ast.get_source_segment(text, node, padded=False))
+        if len(found) != len(names):  # a renamed function there must not leave a file that fails at run time
+            raise OrchError(f"playbooks/on_instance/{module} no longer defines all of {names}")
+        parts.append(f"# {module}\n" + "\n\n\n".join(found))
     return "\n\n\n".join(parts)
 
 
