@@ -168,7 +168,7 @@ def hub_app(tmp_path):
         app = tmp_path / "tiny_modal.py"
         run_orch("export", "modal", "tiny", "--data", uri, "--epochs", "3", "--save-period", "1", "--imgsz", "64",
                  "--batch", "4", "--train-arg", "workers=0", "--train-arg", "pretrained=false", "--gpu", "T4",
-                 "--max-hours", "1", "-o", app, check=0)
+                 "--max-hours", "1", "--push-to", "hf://acme/tiny-run", "-o", app, check=0)
         yield app, env, hub
 
 
@@ -201,6 +201,8 @@ def test_the_training_function_trains_onto_the_volume_and_a_second_call_resumes_
     assert check(str(weights / "last.pt"))["epoch"] == 3
     assert {f"epoch_{n}.pt" for n in (1, 2, 3)} <= {p.name for p in weights.iterdir()}
     assert sum("/resolve/" in r.path for r in hub.requests) - downloads <= 1, "the tar came from the volume's cache"
+    for name in ("epoch_1.pt", "epoch_3.pt", "last.pt"):  # --push-to: milestones reached the hub from the function
+        assert hub.file_bytes("model", "acme/tiny-run", f"weights/{name}") == (weights / name).read_bytes(), name
 
     third = _result(_call(app, volume, env))
     assert third["state"] == "completed" and "already completed" in third["output"]
