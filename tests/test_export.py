@@ -216,3 +216,27 @@ def test_past_the_deadline_nothing_trains(tmp_path, hub_app):
     got = _result(_call(app, volume, env, seconds=-1))
     assert got["state"] == "deadline" and got["epoch"] is None
     assert not (volume / "runs").exists()
+
+
+@pytest.mark.parametrize("platform, asked, gpus, named", [
+    ("modal", "A100 80GB", 1, "A100-80GB"), ("modal", "a100-40gb", 1, "A100-40GB"), ("modal", "A100", 2, "A100"),
+    ("modal", "NVIDIA H100 80GB HBM3", 8, "H100"), ("modal", "h100!", 1, "H100!"), ("modal", "rtx pro 6000", 1, "RTX-PRO-6000"),
+    ("modal", "A10", 4, "A10"), ("beam", "RTX A6000", 1, "A6000"), ("beam", "A100 80GB", 1, "A100-80"),
+    ("beam", "Tesla T4", 2, "T4"), ("beam", "a10g", 1, "A10G"), ("beam", "H100 PCIe", 1, "H100"),
+])
+def test_gpu_names_map_to_each_platforms_own(platform, asked, gpus, named):
+    from orchestrator import export
+
+    assert export.gpu_name(platform, asked, gpus) == named
+
+
+@pytest.mark.parametrize("platform, asked, gpus", [
+    ("modal", "RTX 4090", 1), ("modal", "A10", 5), ("modal", "H100", 9), ("beam", "L40S", 1), ("beam", "GAUDI2", 1),
+    ("beam", "MI300X", 1), ("beam", "T4", 0),
+])
+def test_gpus_a_platform_does_not_offer_are_refused(platform, asked, gpus):
+    from orchestrator import export
+    from orchestrator.errors import UsageError
+
+    with pytest.raises(UsageError):
+        export.gpu_name(platform, asked, gpus)
