@@ -358,9 +358,9 @@ def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", he
     training = [i.name for i in targets if _training(orch, i)]
     if (all_ or training) and not yes:
         what = ", ".join(f"{i.name}" + (" (TRAINING)" if i.name in training else "") for i in targets)
-        _confirm(f"destroy {what}{'' if no_pull else ', after pulling their weights'}?",
-                 f"{', '.join(training) or 'every instance'} {'is' if len(training) == 1 else 'are'} "
-                 f"{'training' if training else 'named by --all'}")
+        why = (f"{', '.join(training)} {'is' if len(training) == 1 else 'are'} training" if training
+               else f"--all destroys every live instance ({len(targets)})")
+        _confirm(f"destroy {what}{'' if no_pull else ', after pulling their weights'}?", why)
     failed = []
     for inst in targets:
         try:
