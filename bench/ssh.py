@@ -36,6 +36,7 @@ def main() -> None:
         os.environ["ORCH_HOME"] = str(Path(tmp) / "orch")
         orch = [sys.executable, "-m", "orchestrator"]
         subprocess.run([*orch, "up", "bench-ssh", "--cpu"], check=True, cwd=ROOT, capture_output=True)
+        subprocess.run([*orch, "ssh-config"], check=True, cwd=ROOT, capture_output=True)  # the file plain ssh reads
         try:
             plain = timed(["ssh", "-F", str(Path(tmp) / "orch" / "ssh_config"), "orch-bench-ssh", "true"], runs)
             ours = timed([*orch, "ssh", "bench-ssh", "--", "true"], runs)
