@@ -30,6 +30,7 @@ OWN = ("name", "provider", "max_hours", "wait", "as_json")
 
 
 def run(
+    ctx: typer.Context,
     name: Optional[str] = typer.Argument(None, help="The job's name (lowercase letters, digits, '-'; at most 36): "
                                                     "its instances are NAME-a1, NAME-a2, ..., its files "
                                                     "$ORCH_HOME/runs/NAME. Wins over a task file's name:."),
@@ -67,7 +68,7 @@ def run(
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
 
-        got = task_run.resolve(name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
+        got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
                                max_hours, retries, keep, wait, as_json, options)
         if got.name is None:  # a command task, started there (or a dry run, printed)
             if got.job is not None:

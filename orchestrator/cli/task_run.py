@@ -40,22 +40,22 @@ class Resolved:
     job: Any = None
 
 
+_CTX: list = []  # the `orch run` invocation's context, for _given
+
+
 def _given(param: str) -> bool:
     """Whether the user typed this option (a flag given wins over the task file; a default does not)."""
-    import click
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.get_parameter_source(param) in (ParameterSource.COMMANDLINE,
-                                                                    ParameterSource.ENVIRONMENT)
+    source = _CTX[-1].get_parameter_source(param) if _CTX else None
+    return getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
 
 
-def resolve(name, command, file, dry_run, env, secret, workdir, provider, max_cost, max_hours, retries, keep,
+def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, max_cost, max_hours, retries, keep,
             wait, as_json, options):
     """A train: task comes back as options for `orch run`'s training path; a command task is
     planned and started (or, with --dry-run, printed) here."""
     from orchestrator import task
 
+    _CTX.append(ctx)
     if file is not None:
         t, lines = task.load(file)
         path, base = Path(file), Path(file).resolve().parent
@@ -68,7 +68,11 @@ def resolve(name, command, file, dry_run, env, secret, workdir, provider, max_co
     res = t.resources
     for key in RESOURCE_FLAGS:
         if _given(key):
-            setattr(res, "disk" if key == "disk" else key, options[key])
+            setattr(res, key, options[key])
+    if _given("gpu") and not _given("cpu"):  # a GPU asked for on the command line wins over the file's cpu: true
+        res.cpu = False
+    if _given("cpu") and options["cpu"] and not _given("gpu"):
+        res.gpu = None
     if _given("provider"):
         res.provider = list(dict.fromkeys(provider or []))
     for key, value in (("max_cost", max_cost), ("max_hours", max_hours), ("retries", retries), ("keep", keep)):
