@@ -599,6 +599,10 @@ def relaunch(orch, job, js: JobSpec | None = None):
         done = job.checkpoint_epoch or 0
         if js.train is not None and done >= js.train.epochs:
             return _complete_from_copies(orch, job, js)
+        if js.command is not None and _missing_secrets(js):  # nothing rented that could not be started
+            why = (f"waiting for an orch process with {', '.join(_missing_secrets(js))} in its environment "
+                   f"(`orch jobs show {job.name}` where it is set relaunches it)")
+            return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
         avoid = {(_loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
         t0 = time.monotonic()
         try:
@@ -849,6 +853,12 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
 
 
 # -- the command kind's steps (what they do on the instance: orchestrator.command_job) -------------
+def _missing_secrets(js: JobSpec) -> list[str]:
+    import os
+
+    return [n for n in js.command.secrets if not os.environ.get(n)]
+
+
 def _command_checkpoint(orch, job, inst, run) -> tuple[int | None, str | None]:
     """The checkpoint folder home as copy K+1 (jobs/NAME/ckpt-K+1, the older copy dropped once it is
     in); (K+1, None), or (None, why not)."""
@@ -1034,6 +1044,7 @@ def _stop_over_cap(orch, job, attempt, inst, run, why: str):
 
     try:
         training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name))
+        _command_outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
     except OrchError as e:
         note(orch, job, f"not everything was pulled before stopping ({_why(e)})")
     attempt = _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
@@ -1060,6 +1071,7 @@ def cancel(orch, job, wait: float = 120.0):
             if inst.state == states.READY and run is not None and run.run_dir:
                 try:
                     training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name))
+                    _command_outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
                 except OrchError as e:
                     note(orch, job, f"not everything was pulled before cancelling ({_why(e)})")
             if attempt.state in (LAUNCHING, TRAINING):

@@ -358,7 +358,10 @@ def test_a_lost_pod_is_relaunched_by_the_reaper_and_the_command_resumes_from_its
         checkpoint: ckpt
         checkpoint_minutes: 0.001
         outputs: [out/steps.txt]
+        secrets: [TASK_TEST_TOKEN]
         """)
+    reaper_env = dict(env)  # a scheduled reaper, without the user's secrets
+    env = {**env, "TASK_TEST_TOKEN": "tok-" + secrets.token_hex(8)}
     run_orch("run", "-f", task, env=env, check=0)
     copy = orch_home / "jobs" / "steps"
 
@@ -372,6 +375,11 @@ def test_a_lost_pod_is_relaunched_by_the_reaper_and_the_command_resumes_from_its
     pod = next(p for p in fake.live() if "steps-a1" in p.name)
     with fake._lock:  # the host fails: RunPod's side terminates the pod, its disk with it
         fake._podTerminate(pod, {})
+    # A reaper without the secret notes the loss but rents nothing it could not start.
+    run_orch("reap", env=reaper_env, check=0)
+    job = job_json("steps", reaper_env)
+    assert job["state"] == "recovering" and "TASK_TEST_TOKEN" in job["reason"], job["reason"]
+    assert fake.live() == [] and [a["state"] for a in job["attempts"]] == ["lost"]
     end = time.monotonic() + 300
     while (job := job_json("steps", env))["state"] in ("planned", "running", "recovering"):
         assert time.monotonic() < end, job["history"][-3:]
