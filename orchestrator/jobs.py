@@ -870,11 +870,11 @@ def _command_checkpoint(orch, job, inst, run) -> tuple[int | None, str | None]:
     old = orch.ledger.get_job(job.id).checkpoint_epoch
     number = (old or 0) + 1
     ok, problem = command_job.snapshot(orch, inst, cmd, checkpoint_dir(orch.home, job.name, number))
+    if not ok:  # the next look tries again (a folder being written, or none yet)
+        return None, problem
     phases = _loads(orch.ledger.get_job(job.id).phases, {})
     phases["checkpoint_at"] = _now().isoformat()  # a string: phases() sums numbers only
-    orch.ledger.update_job(job.id, phases=json.dumps(phases), **({"checkpoint_epoch": number} if ok else {}))
-    if not ok:
-        return None, problem
+    orch.ledger.update_job(job.id, phases=json.dumps(phases), checkpoint_epoch=number)
     if old:
         shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
     return number, None

@@ -452,3 +452,69 @@ def test_the_hf_accelerate_example_fine_tunes_on_the_local_provider(orch_home):
     config = json.loads((folder / "out" / "model" / "config.json").read_text())
     assert config["n_layer"] == 2 and (folder / "out" / "model" / "model.safetensors").stat().st_size > 0
     assert live_instances() == []
+
+
+# -- the rules on the instance's side, and the workdir's excludes -----------------------------------
+def test_a_checkpoint_folder_that_changes_while_copied_is_not_kept_and_the_last_copy_stands(tmp_path, monkeypatch):
+    tree = on_instance("tree")
+    root = tmp_path / "task"
+    write(root / "ckpt" / "state.bin", "step 1")
+    write(root / "ckpt" / "sub" / "steps.txt", "1\n")
+    snap = tmp_path / "snap"
+    first = tree.snapshot(str(root), "ckpt", str(snap))
+    assert sorted(f[0] for f in first["files"]) == ["state.bin", "sub/steps.txt"]
+    real_copy = tree.shutil.copy2
+
+    def copy_while_the_command_writes(src, dst):  # the command rewrites its state mid-copy
+        real_copy(src, dst)
+        (root / "ckpt" / "state.bin").write_text("step 2, longer")
+    monkeypatch.setattr(tree.shutil, "copy2", copy_while_the_command_writes)
+    assert tree.snapshot(str(root), "ckpt", str(snap)) == {"changed": True}
+    assert (snap / "state.bin").read_text() == "step 1", "the last intact copy stands"
+    monkeypatch.setattr(tree.shutil, "copy2", real_copy)
+    assert tree.snapshot(str(root), "ckpt", str(snap))["files"] and (snap / "state.bin").read_text() == "step 2, longer"
+
+
+def test_the_instance_lists_and_unpacks_nothing_outside_its_folder(tmp_path):
+    import io
+    import tarfile
+
+    tree = on_instance("tree")
+    root = tmp_path / "task"
+    write(root / "out" / "a.txt", "a")
+    write(tmp_path / "secret.txt", "not yours")
+    (root / "out" / "link").symlink_to(tmp_path / "secret.txt")
+    (root / "escape").symlink_to(tmp_path)
+    listed = tree.listing(str(root), ["out", "escape/secret.txt", "../secret.txt", "missing"])
+    assert [f[0] for f in listed["files"]] == ["out/a.txt"]
+    assert set(listed["missing"]) == {"escape/secret.txt", "../secret.txt", "missing"}
+    tar_path = tmp_path / "evil.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for name in ("ok/file.txt", "../outside.txt", "/abs.txt"):
+            data = b"x"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("ok/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    dest = tmp_path / "dest"
+    assert tree.unpack(str(tar_path), str(dest)) == {"files": 1}
+    assert [p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()] == ["ok/file.txt"]
+    assert not (tmp_path / "outside.txt").exists() and not (dest / "ok" / "link").exists()
+
+
+def test_the_workdir_leaves_out_what_gitignore_and_orchignore_name(tmp_path):
+    from orchestrator import workdir
+
+    root = tmp_path / "w"
+    for rel in ("train.py", "src/model.py", "src/__pycache__/model.pyc", "data/big.bin", "data/keep.bin",
+                "logs/today.log", ".git/HEAD", "notes.log", "deep/x/notes.log"):
+        write(root / rel, "x")
+    (root / ".gitignore").write_text("__pycache__/\n*.log\n/data/*.bin\n!/data/keep.bin\n")
+    (root / ".orchignore").write_text("logs/\n")
+    sent = sorted(rel for rel, _ in workdir.files(root, workdir.patterns(root)))
+    assert sent == [".gitignore", ".orchignore", "data/keep.bin", "src/model.py", "train.py"]
+    tar, size = workdir.pack(root, tmp_path / "cache")
+    again, _ = workdir.pack(root, tmp_path / "cache")
+    assert tar == again and size > 0, "the same content packs to the same tar"

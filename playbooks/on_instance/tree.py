@@ -101,7 +101,9 @@ def unpack(tar_path, dest):
     count = 0
     with tarfile.open(tar_path, mode="r:") as tar:
         for m in tar:
-            name = m.name.lstrip("./") if m.name.startswith("./") else m.name
+            name = m.name
+            while name.startswith("./"):  # a tar made with `tar cf x.tar .` (never lstrip: .env keeps its dot)
+                name = name[2:]
             target = inside(dest, name) if name and not name.startswith("/") and ".." not in name.split("/") else None
             if target is None or not (m.isreg() or m.isdir()):
                 continue
