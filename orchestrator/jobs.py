@@ -1,5 +1,7 @@
 """Jobs (``orch run``): one training from a dataset to weights on disk, at the lowest cost per job,
-over as many machines as it takes.
+over as many machines as it takes. A job of the *command* kind (a task file's ``run:``) moves
+through the same states; where it differs (what an attempt starts, what it reads, what it copies
+home) the engine asks ``command_job``, and a command's own non-zero exit fails the job (no relaunch).
 
 A job lives in the ledger (``jobs``, and one ``attempts`` row per instance that trained it), so no
 terminal needs to stay open: every reaper pass (``reaper.reap``'s ``after``), every ``orch jobs
