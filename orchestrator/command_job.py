@@ -26,7 +26,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator import claims
-from orchestrator.errors import OrchError
 from orchestrator.task import CommandSpec
 from orchestrator.text import clean
 

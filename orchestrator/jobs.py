@@ -1125,7 +1125,8 @@ def job_dict(orch, job) -> dict:
     current = attempts[-1] if attempts else None
     command = spec.get("command") if isinstance(spec.get("command"), dict) else None
     return {"id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
-            "kind": "command" if command else "train", **(_command_view(orch, job, command, current) if command else {}),
+            "kind": "command" if command else "train",
+            **(_command_view(orch, job, command, current) if command else {}),
             "model": train.get("model"), "data": train.get("data"), "epochs": train.get("epochs"),
             "epoch": job.epoch, "checkpoint_epoch": job.checkpoint_epoch,
             "attempts": [attempt_dict(orch, a) for a in attempts],
@@ -1159,7 +1160,8 @@ def progress_line(d: dict) -> str:
         a = d["attempts"][-1]
         parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
     if d.get("kind") == "command" and d.get("run_state"):
-        parts.append(f"command {d['run_state']}" + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
+        parts.append(f"command {d['run_state']}"
+                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
                      + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
     if d.get("epoch"):
         parts.append(f"epoch {d['epoch']}/{d['epochs']}")

@@ -138,7 +138,8 @@ class _Lines:
 
 def _expected(err: dict) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
-    words = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "bool_type": "true or false",
+    words = {"string_type": "a string", "int_type": "an integer", "float_type": "a number",
+             "bool_type": "true or false",
              "dict_type": "a mapping (key: value)", "list_type": "a list", "model_type": "a mapping (key: value)",
              "int_from_float": "an integer", "literal_error": f"one of {ctx.get('expected', '')}",
              "missing": "a value (it is required)"}
@@ -204,7 +205,8 @@ def load(path: Path) -> tuple[Task, _Lines]:
         raise UsageError(f"{path}:1: the task file is empty")
     lines = _Lines(node)
     if not isinstance(data, dict):
-        raise UsageError(f"{path}:1: a task file is a mapping (name:, resources:, run:, ...), not {type(data).__name__}")
+        raise UsageError(f"{path}:1: a task file is a mapping (name:, resources:, run:, ...), "
+                         f"not {type(data).__name__}")
     try:
         task = Task.model_validate(data)
     except ValidationError as e:

@@ -252,7 +252,8 @@ def print_offers(orch, js, choice) -> None:
 def show_command(d: dict) -> None:
     """`orch jobs show`'s lines for a command job."""
     lines = [line for line in (d.get("command") or "").splitlines() if line.strip()]
-    out(f"  command  {clean(lines[0] if lines else '', 200)}" + (f" (+{len(lines) - 1} line(s))" if len(lines) > 1 else ""))
+    out(f"  command  {clean(lines[0] if lines else '', 200)}"
+        + (f" (+{len(lines) - 1} line(s))" if len(lines) > 1 else ""))
     state = d.get("run_state") or "-"
     if d.get("exit_code") is not None:
         state += f", exit code {d['exit_code']}" + (f" in {d['exit_phase']}" if d.get("exit_phase") else "")
@@ -263,7 +264,8 @@ def show_command(d: dict) -> None:
         out(f"  outputs  {', '.join(d['outputs'])}")
     if d.get("checkpoint"):
         copy = d.get("checkpoint_epoch")
-        out(f"  checkpoint {d['checkpoint']}" + (f": copy {copy} at home" if copy and d["state"] != "completed" else ""))
+        out(f"  checkpoint {d['checkpoint']}"
+            + (f": copy {copy} at home" if copy and d["state"] != "completed" else ""))
 
 
 def _duration(s: float) -> str:
