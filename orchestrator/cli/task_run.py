@@ -102,15 +102,15 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
     except UsageError as e:
         raise UsageError(f"{task.where(path, lines, 'name') if path and t.name == name else 'orch run'}: {e}") from None
     providers = [res.provider] if isinstance(res.provider, str) else list(res.provider or [])
+    if t.nodes > 1 and (not dry_run or t.train is not None):
+        raise UsageError(f"{task.where(path, lines, 'nodes')}: nodes: {t.nodes}: a job runs on one node in this "
+                         "orch (multi-node groups are not here yet); --dry-run shows a command's plan")
     if t.train is not None:
         return Resolved(name, _train_options(t, options), t.max_cost, t.max_hours, t.retries, t.keep, providers,
                         res.max_price)
     given = [flag for key, flag in TRAINING_FLAGS.items() if _given(key)]
     if given:
         raise UsageError(f"{', '.join(given)}: for a train: job, not a command")
-    if t.nodes > 1 and not dry_run:
-        raise UsageError(f"{task.where(path, lines, 'nodes')}: nodes: {t.nodes}: a command runs on one node in this "
-                         "orch (multi-node groups are not here yet); --dry-run shows the plan")
     return Resolved(job=_start(name, t, path, lines, base, providers, dry_run, wait, options))
 
 
