@@ -166,7 +166,10 @@ class Orch:
 
             with self.connect(inst, rekey=rekey) as c:
                 remote.run(c, "true")
-            inst = self.move(inst, states.READY, "reached over SSH (not provisioned: orch check)")
+            inst = self.move(inst, states.READY, "reached over SSH (not provisioned: orch check, or a command "
+                                                 "job, whose setup is its own)")
+            if after_verify:
+                after_verify(inst)
             (watchdog.rearm if started else watchdog.arm)(self, inst)
             return inst
         self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
