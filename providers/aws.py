@@ -141,7 +141,6 @@ class AWSProvider(Provider):
             raise UsageError("[providers.aws] on_demand_prices must be a table of instance type = $/hr")
         self._lock = threading.Lock()
         self._clients: dict[str, Any] = {}
-        self._created: dict[str, float] = {}  # provider id -> when this process created it
 
     # -- settings ------------------------------------------------------------------------
 
@@ -336,7 +335,7 @@ class AWSProvider(Provider):
         with self._aws(f"run_instances of {itype} in {zone or region}"):
             made = ec2.run_instances(**args)["Instances"][0]
         pid = provider_id(made["InstanceId"], region)
-        self._created[pid] = time.monotonic()
+        self.made(pid)
         return self._remote(made, region)
 
     def _choose(self, request: Request) -> tuple[str, str, str | None, int]:
@@ -442,11 +441,9 @@ class AWSProvider(Provider):
     def get(self, provider_id: str) -> Remote:
         inst = self._describe(provider_id)
         if inst is None:
-            made = self._created.get(provider_id)
-            if made is not None and time.monotonic() - made < VISIBILITY_GRACE_S:
-                return Remote(provider_id=provider_id, label="", status=Status.PENDING,
-                              detail="not visible yet (EC2 is eventually consistent)")
-            return Remote(provider_id=provider_id, label="", status=Status.GONE)
+            return self.unseen(provider_id, VISIBILITY_GRACE_S) or Remote(provider_id=provider_id, label="",
+                                                                          status=Status.GONE)
+        self.seen(provider_id)
         return self._remote(inst, split_id(provider_id)[1])
 
     def list(self) -> list[Remote]:
