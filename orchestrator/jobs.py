@@ -56,7 +56,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import claims, states
+from orchestrator import checkpoints, claims, states
 from orchestrator.errors import HostKeyMismatch, NoCapacity, OrchError, SSHError, UsageError
 from orchestrator.provider import Request
 from orchestrator.text import clean
@@ -530,6 +530,10 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
     if not (src / "weights" / "last.pt").is_file():
         drop(f"the resume copy {src} is missing: attempt starts over at epoch 1")
         return None
+    _, unsafe = checkpoints.vet(src / "weights" / "last.pt")  # checked here again before it goes anywhere
+    if unsafe:
+        drop(f"the resume copy (epoch {ckpt_epoch}) is not uploaded: {unsafe}; attempt starts over at epoch 1")
+        return None
     q = shlex.quote
     with orch.connect(inst) as c:
         work = host.workdir(c)
@@ -803,6 +807,12 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
             dest = checkpoint_dir(orch.home, job.name, epoch)
             shutil.rmtree(dest, ignore_errors=True)  # what an interrupted pull of this epoch left
             pulling.pull(c, snap, files, dest, log=lambda m: None, strict=True)
+    # The instance's answer is its own: the copy is kept only if the same check says so here.
+    held, why = checkpoints.vet(dest / "weights" / "last.pt")
+    if why is not None or held != epoch:
+        shutil.rmtree(dest, ignore_errors=True)
+        return None, f"the copy of last.pt from {inst.name} is not kept: " + (why or f"it holds epoch {held} here, "
+                                                                                      f"not the {epoch} it claimed")
     rows = metrics_epochs(dest / "metrics.jsonl")
     if (max(rows) if rows else 0) < epoch:
         shutil.rmtree(dest, ignore_errors=True)

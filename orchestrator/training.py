@@ -242,8 +242,11 @@ def _ensure_checkpoint(orch, inst, c, run_dir: str, epochs: int) -> None:
         local = pulled_dir(orch, inst.name) / "weights" / "last.pt"
         if not local.exists():
             raise OrchError(f"nothing to resume: no last.pt on the instance nor in {local.parent}")
-        from orchestrator import remote
+        from orchestrator import checkpoints, remote
 
+        _, unsafe = checkpoints.vet(local)  # checked here before it goes anywhere
+        if unsafe:
+            raise OrchError(f"not resuming: {unsafe}")
         remote.run(c, f"mkdir -p {_q(run_dir + '/weights')}")
         c.sftp().put(str(local), f"{run_dir}/weights/last.pt")
         info = host.script(c, "checkpoint.py", f"{run_dir}/weights/last.pt")

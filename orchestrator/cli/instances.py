@@ -60,6 +60,10 @@ def up(
         refuse_reached(config.home() / "runs" / name, epochs)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
+    if resume and existing is None and (config.home() / "runs" / name / "weights" / "last.pt").exists():
+        from orchestrator import checkpoints
+
+        checkpoints.refuse_unsafe(config.home() / "runs" / name / "weights" / "last.pt")  # before renting
     if resume and existing is not None:
         if existing.state != "ready":
             raise UsageError(f"{name} is {existing.state}: `orch start {name}` first")

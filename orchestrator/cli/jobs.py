@@ -49,7 +49,7 @@ def run(
     recover from lost machines, pull everything, destroy. `orch up`'s options apply."""
     from dataclasses import replace
 
-    from orchestrator import config, jobs, plugins, training
+    from orchestrator import checkpoints, config, jobs, plugins, training
 
     jobs.check_job_name(name)
     if max_cost is not None and not 0 < max_cost < 1e6:
@@ -71,6 +71,7 @@ def run(
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
+        checkpoints.refuse_unsafe(folder / "weights" / "last.pt")
     elif folder.is_dir() and any(folder.iterdir()):
         raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
                          "from its weights/last.pt")
