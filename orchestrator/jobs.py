@@ -624,6 +624,10 @@ def _complete_from_copies(orch, job, js: JobSpec):
     """The resume copy already holds the last epoch (the instance went after its last epoch and
     before its final pull): its last.pt and the milestones pulled before are the job's weights."""
     src = checkpoint_dir(orch.home, job.name, job.checkpoint_epoch)
+    _, unsafe = checkpoints.vet(src / "weights" / "last.pt")
+    if unsafe:  # changed at home since it was kept: never handed to the user as the job's weights
+        return _finish_job(orch, job, FAILED, f"the copy of epoch {job.checkpoint_epoch} is no checkpoint to keep: "
+                                              f"{unsafe}")
     dest = weights_dir(orch.home, job.name)
     (dest / "weights").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "weights" / "last.pt", dest / "weights" / "last.pt")

@@ -58,12 +58,13 @@ def up(
         max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
+        pulled = config.home() / "runs" / name / "weights" / "last.pt"
+        if pulled.exists():  # the copy a new instance would be given: checked before anything is opened
+            from orchestrator import checkpoints
+
+            checkpoints.refuse_unsafe(pulled)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
-    if resume and existing is None and (config.home() / "runs" / name / "weights" / "last.pt").exists():
-        from orchestrator import checkpoints
-
-        checkpoints.refuse_unsafe(config.home() / "runs" / name / "weights" / "last.pt")  # before renting
     if resume and existing is not None:
         if existing.state != "ready":
             raise UsageError(f"{name} is {existing.state}: `orch start {name}` first")
