@@ -117,3 +117,68 @@ def test_a_resume_from_a_hostile_pulled_last_pt_is_refused_before_anything(orch_
     assert sorted(p.relative_to(orch_home) for p in orch_home.rglob("*")) == before, "something was created"
     assert not mark.exists()
     shutil.rmtree(orch_home / "runs")
+
+
+# -- 2. the ledger writes ssh_config -----------------------------------------------------------------
+PAYLOAD = "\nHost *\n    ProxyCommand touch {mark}\n#"
+
+
+def _ssh_g(config, host) -> dict:
+    import subprocess
+
+    proc = subprocess.run(["ssh", "-F", str(config), "-G", host], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+
+
+@pytest.mark.skipif(not shutil.which("ssh"), reason="needs OpenSSH's client")
+@pytest.mark.parametrize("column", ["provider", "name", "ssh_host", "ssh_user", "host_key", "ssh_port", "state"])
+def test_a_newline_in_any_ledger_column_never_becomes_a_line_of_ssh_config(orch_home, tmp_path, column):
+    """Anyone who can write the (shared) ledger writes what they like in a row: a newline in any
+    column must not add ``Host *`` and a ``ProxyCommand`` that every member's ssh would run."""
+    import subprocess
+
+    from sqlalchemy import update as sql_update
+
+    from orchestrator.ledger import Instance
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "hk")], check=True)
+    key = " ".join((tmp_path / "hk.pub").read_text().split()[:2])
+    orch = open_orch()
+    clean_row = dict(provider="local", ssh_host="127.0.0.1", ssh_port=2222, ssh_user="root", host_key=key)
+    good = orch.ledger.create_instance(name="good", **clean_row)
+    bad = orch.ledger.create_instance(name="bad", **clean_row)
+    for inst in (good, bad):
+        orch.ledger.transition(inst.id, "provisioning")
+        orch.ledger.transition(inst.id, "ready")
+    mark = tmp_path / "ran"
+    value = str(clean_row.get(column) or ("bad" if column == "name" else "ready")) + PAYLOAD.format(mark=mark)
+    with orch.ledger.session() as s:  # as a hostile writer of the shared database would: no API in the way
+        s.exec(sql_update(Instance).where(Instance.id == bad.id).values(**{column: value}))
+        s.commit()
+    proc = run_orch("ssh-config")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    config = orch_home / "ssh_config"
+    text = config.read_text()
+    assert "ProxyCommand" not in text and "Host *" not in text, text
+    hosts = [line for line in text.splitlines() if line.startswith("Host ")]
+    assert "Host orch-good" in hosts and set(hosts) <= {"Host orch-good", "Host orch-bad"}, text
+    # What is written is what orch writes: comments, blanks, and the eight options of each Host.
+    assert all(not line or line.startswith(("# ", "Host orch-", "    ")) for line in text.splitlines()), text
+    assert "proxycommand" not in _ssh_g(config, "gitbox"), "an unrelated host got a ProxyCommand"
+    known = (orch_home / "ssh_known_hosts").read_text()
+    assert all(line.startswith("[127.0.0.1]:2222 ssh-ed25519 ") for line in known.splitlines()), known
+    assert not mark.exists()
+
+
+def test_uninstall_under_another_orch_home_leaves_that_include_and_says_so(orch_home, tmp_path):
+    cfg = tmp_path / "user" / ".ssh" / "config"
+    run_orch("ssh-config", "--install", check=0)
+    include = f'Include "{orch_home / "ssh_config"}"'
+    assert include in cfg.read_text()
+    other = run_orch("ssh-config", "--uninstall", env={"ORCH_HOME": str(tmp_path / "elsewhere")}, check=0)
+    assert include in cfg.read_text(), "another home's Include line was taken out"
+    assert "no Include line of this ORCH_HOME's" in other.stderr and "another ORCH_HOME's" in other.stderr
+    assert "removed the Include line" not in other.stderr, other.stderr
+    mine = run_orch("ssh-config", "--uninstall", check=0)
+    assert "removed the Include line" in mine.stderr and "orch" not in cfg.read_text(), cfg.read_text()
