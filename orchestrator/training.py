@@ -385,10 +385,26 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))
         files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
-        got = pulling.pull(c, run.run_dir, files, target, log=lambda m: None, strict=not only_milestones)
+        left = []
+        got = pulling.pull(c, run.run_dir, files, target, strict=not only_milestones, bounds=run_bounds(run),
+                           log=lambda m: left.append(m) if m.startswith("left on the instance") else None)
+    for line in left if not only_milestones else []:  # what the bounds left: said, and on the instance's record
+        orch.say(f"      {line}")
+        orch.ledger.note(inst.id, line[:500], orch.actor)
     if got or not only_milestones:
         orch.ledger.update_run(run.id, pulled_at=datetime.now(timezone.utc))
     return got, target
+
+
+def run_bounds(run):
+    """What ``run`` could have written (its epochs, its save period) and the pull caps."""
+    from playbooks import pull as pulling
+
+    try:
+        period = json.loads(run.args or "{}").get("save_period")
+    except (ValueError, AttributeError, RecursionError):
+        period = None
+    return pulling.Bounds.of_run(run.epochs, period)
 
 
 def progress_line(view: dict) -> str:
