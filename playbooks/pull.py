@@ -96,18 +96,19 @@ class Bounds:
 def bounded(files: list[RunFile], bounds: Bounds) -> tuple[list[RunFile], list[str], list[str]]:
     """(what to pull, what the run could not have written, what the total cap leaves behind): the
     last two are on the instance still, each said with why."""
-    implausible, over, plausible = [], [], []
+    implausible, over, plausible, never = [], [], [], []
     for f in files:
         m = EPOCH_FILE.fullmatch(f.rel)
-        if m:
-            n = int(m[1])
-            if bounds.epochs is not None and not 1 <= n <= bounds.epochs:
-                implausible.append(f"{f.rel} (the run has {bounds.epochs} epochs)")
-                continue
-            if bounds.save_period and n % bounds.save_period:
-                implausible.append(f"{f.rel} (the run saves every {bounds.save_period} epochs)")
-                continue
+        if m and ((bounds.epochs is not None and not 1 <= int(m[1]) <= bounds.epochs)
+                  or (bounds.save_period and int(m[1]) % bounds.save_period)):
+            never.append(f.rel)
+            continue
         plausible.append(replace(f, newest=bounds.log_bytes) if f.rel in LOGS else f)
+    if never:
+        names = sorted(never, key=lambda rel: int(EPOCH_FILE.fullmatch(rel)[1]))
+        implausible.append(f"{len(names)} epoch_N.pt a run of {bounds.epochs} epochs saving every "
+                           f"{bounds.save_period} could not have written ({', '.join(n[8:] for n in names[:3])}"
+                           + (f" ... {names[-1][8:]})" if len(names) > 3 else ")"))
 
     def rank(f):
         m = EPOCH_FILE.fullmatch(f.rel)
@@ -123,7 +124,7 @@ def bounded(files: list[RunFile], bounds: Bounds) -> tuple[list[RunFile], list[s
         total += size
         take.append(f)
         if f.newest is not None and f.size > f.newest:
-            implausible.append(f"the first {_mb(f.size - f.newest)} of {f.rel} (its newest {_mb(f.newest)} came "
+            implausible.insert(0, f"the first {_mb(f.size - f.newest)} of {f.rel} (its newest {_mb(f.newest)} came "
                                "home; ORCH_PULL_LOG_MB raises the cap)")
     return take, implausible, over
 

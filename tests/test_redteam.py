@@ -182,3 +182,65 @@ def test_uninstall_under_another_orch_home_leaves_that_include_and_says_so(orch_
     assert "removed the Include line" not in other.stderr, other.stderr
     mine = run_orch("ssh-config", "--uninstall", check=0)
     assert "removed the Include line" in mine.stderr and "orch" not in cfg.read_text(), cfg.read_text()
+
+
+# -- 3. pulls within what the run could write ---------------------------------------------------------
+def _a_run_that_lies(orch_home, name, epochs=2, save_period=1):
+    """A local instance whose run (2 epochs, saving every epoch) left a 1.5 GB sparse train.log and
+    400 epoch_N.pt files: what a hostile host serves for free."""
+    import json
+
+    run_orch("up", name, "--cpu", check=0)
+    orch = open_orch()
+    inst = orch.ledger.by_name(name)
+    work = next((orch_home / "local").glob(f"orch-*-{name}")) / "home" / "orch"
+    run_dir = work / "runs" / "r1"
+    (run_dir / "weights").mkdir(parents=True)
+    (run_dir / "status.json").write_text(json.dumps({"state": "completed", "completed_epochs": epochs,
+                                                     "total_epochs": epochs, "start_epoch": 1}))
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e}) + "\n" for e in range(1, epochs + 1)))
+    with open(run_dir / "train.log", "wb") as f:
+        f.truncate(1536 << 20)  # 1.5 GB of nothing: free for the host
+        f.seek(0, 2)
+        f.write(b"the newest line\n")
+    for n in range(1, 401):
+        (run_dir / "weights" / f"epoch_{n}.pt").write_bytes(b"w" * 1000)
+    (run_dir / "weights" / "best.pt").write_bytes(b"b" * (3 << 20))
+    orch.ledger.add_run(instance_id=inst.id, model="yolo9-t", data="x", epochs=epochs, run_dir=str(run_dir),
+                        pid=1, state="completed", args=json.dumps({"save_period": save_period}))
+    return run_dir
+
+
+def test_a_pull_brings_home_only_what_a_2_epoch_run_could_write_within_the_caps(orch_home):
+    import time
+
+    run_dir = _a_run_that_lies(orch_home, "liar")
+    try:
+        t0 = time.monotonic()
+        proc = run_orch("pull", "liar")
+        assert proc.returncode == 0, proc.stderr
+        print(f"\nthe hostile run's pull: {time.monotonic() - t0:.1f} s; it said:\n{proc.stderr}")
+        home = orch_home / "runs" / "liar"
+        assert sorted(p.name for p in (home / "weights").iterdir() if not p.name.startswith(".")) == \
+            ["best.pt", "epoch_1.pt", "epoch_2.pt"]
+        log = home / "train.log"
+        assert log.stat().st_size == 64 << 20 and log.read_bytes().endswith(b"the newest line\n")
+        assert sum(p.stat().st_size for p in home.rglob("*") if p.is_file()) < 256 << 20
+        # The pull says what it left behind: the head of the log, the epochs the run could not have written.
+        said = proc.stderr
+        assert "left on the instance" in said and "train.log" in said and "epoch_3.pt" in said, said
+        orch = open_orch()
+        notes = [e.reason for e in orch.ledger.events(orch.ledger.by_name("liar").id)]
+        assert any("left on the instance" in n for n in notes), notes
+        # A user who wants more raises the caps; what came home already is not pulled again.
+        again = run_orch("pull", "liar", env={"ORCH_PULL_LOG_MB": "100"})
+        assert again.returncode == 0 and log.stat().st_size == 100 << 20, again.stderr
+        # A total cap below the run's weights stops the pull, says so, and leaves the instance be.
+        (run_dir / "weights" / "best.pt").write_bytes(b"c" * (3 << 20))
+        capped = run_orch("pull", "liar", env={"ORCH_PULL_MAX_GB": "0.002"})
+        assert capped.returncode == 1 and "ORCH_PULL_MAX_GB" in capped.stderr, capped.stderr
+        assert (home / "weights" / "best.pt").read_bytes()[:1] == b"b", "past the cap: not pulled"
+        down = run_orch("down", "liar", env={"ORCH_PULL_MAX_GB": "0.002"})
+        assert down.returncode == 1 and orch.ledger.by_name("liar") is not None, down.stderr
+    finally:
+        run_orch("down", "liar", "--no-pull")
