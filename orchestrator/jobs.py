@@ -138,7 +138,7 @@ def metrics_epochs(path: Path, limit: int = 64 << 20) -> list[int]:
     for line in data.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         epoch = row.get("epoch") if isinstance(row, dict) else None
         if isinstance(epoch, int) and not isinstance(epoch, bool) and 0 < epoch <= 100_000:
@@ -154,7 +154,7 @@ def pulled_epoch(folder: Path) -> int | None:
     found = metrics_epochs(folder / "metrics.jsonl")
     try:
         st = json.loads((folder / "status.json").read_text()[:1 << 20])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         st = None
     if isinstance(st, dict):
         def num(key):
@@ -278,7 +278,7 @@ def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> No
 def _loads(text: str | None, default):
     try:
         value = json.loads(text) if text else default
-    except ValueError:
+    except (ValueError, RecursionError):
         return default
     return value if isinstance(value, type(default)) else default
 
@@ -504,7 +504,7 @@ def _trimmed_metrics(path: Path, epoch: int) -> str:
     for line in lines:
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         e = row.get("epoch") if isinstance(row, dict) else None
         if isinstance(e, int) and not isinstance(e, bool) and 0 < e <= epoch:

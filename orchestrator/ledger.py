@@ -467,7 +467,7 @@ class Ledger:
         raw = self.get_meta(key)
         try:
             return json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def set_meta(self, key: str, value: str) -> None:
@@ -481,7 +481,7 @@ class Ledger:
 def _memory(inst: Instance) -> dict:
     try:
         memory = json.loads(inst.memory) if inst.memory else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return memory if isinstance(memory, dict) else {}
 

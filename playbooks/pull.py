@@ -297,7 +297,7 @@ def _resume(dest, manifest, rel, size, mtime, sha, h) -> tuple[Path | None, int]
 def _load(dest: Path) -> dict:
     try:
         data = json.loads((dest / MANIFEST).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -244,3 +244,28 @@ def test_a_pull_brings_home_only_what_a_2_epoch_run_could_write_within_the_caps(
         assert down.returncode == 1 and orch.ledger.by_name("liar") is not None, down.stderr
     finally:
         run_orch("down", "liar", "--no-pull")
+
+
+# -- 4. the low findings ------------------------------------------------------------------------------
+def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_path):
+    """json raises RecursionError (not ValueError) on deep nesting: every reader of what an
+    instance wrote skips such a line, and an ORCH_RESULT made of one is no answer (an OrchError the
+    callers handle: a lost instance is still destroyed)."""
+    from orchestrator import jobs
+    from orchestrator.errors import OrchError
+    from playbooks import host
+    from playbooks import pull as pulling
+
+    deep = "[" * 200_000 + "]" * 200_000
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"epoch": 1}\n' + deep + '\n{"epoch": 2}\n')
+    (run / "status.json").write_text('{"x": ' + deep + "}")
+    assert jobs.metrics_epochs(run / "metrics.jsonl") == [1, 2]
+    assert jobs.pulled_epoch(run) == 2
+    assert jobs._trimmed_metrics(run / "metrics.jsonl", 5) == '{"epoch": 1}\n{"epoch": 2}\n'
+    assert jobs._loads(deep, {}) == {}
+    with pytest.raises(OrchError, match="no answer"):
+        host.answer("ORCH_RESULT " + deep, "run_status.py")
+    (run / pulling.MANIFEST).write_text(deep)
+    assert pulling._load(run) == {}
