@@ -269,3 +269,25 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
         host.answer("ORCH_RESULT " + deep, "run_status.py")
     (run / pulling.MANIFEST).write_text(deep)
     assert pulling._load(run) == {}
+
+
+def test_a_webhook_that_never_answers_is_said_once_when_posts_are_dropped(tmp_path):
+    """It accepts the connection and never answers: at exit orch gives up on the posts (it waits a
+    few seconds at most) and says so, once, for all of them."""
+    import socket
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/services/T0/B0/secretsecret"
+        code = ("from orchestrator import notify\n"
+                "notify.TIMEOUT_S = 60.0\n"  # the post would wait longer than the exit does
+                f"[notify.post({url!r}, 'hello') for _ in range(3)]\n"
+                "import atexit; atexit.unregister(notify.drain); atexit.register(notify.drain, 1.0)\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == 1, proc.stderr
+    assert "not delivered" in lines[0] and "3 post(s) unanswered" in lines[0] and "secret" not in lines[0], lines
