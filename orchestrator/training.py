@@ -83,12 +83,21 @@ def check_spec(spec: TrainSpec) -> None:
         raise UsageError(f"--batch must be -1 (autobatch) or between 1 and 65536, not {spec.batch}")
     if spec.save_period is not None and not 1 <= spec.save_period <= 100_000:
         raise UsageError(f"--save-period must be between 1 and 100000, not {spec.save_period}")
+    if not spec.data.startswith("hf://") and not _is_dir(spec.data):
+        raise UsageError(f"dataset not found: {clean(spec.data, 200)!r} is no folder")  # before anything is opened
     if spec.push_to:
         from orchestrator.hub import check_repo_id
 
         if not spec.push_to.startswith("hf://"):
             raise UsageError(f"--push-to takes hf://ORG/REPO, not {spec.push_to!r}")
         check_repo_id(spec.push_to[5:].strip("/"))
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).expanduser().is_dir()
+    except (OSError, ValueError, RuntimeError):  # a name too long, a NUL, a ~user that does not exist
+        return False
 
 
 def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:

@@ -291,3 +291,67 @@ def test_a_webhook_that_never_answers_is_said_once_when_posts_are_dropped(tmp_pa
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 0 and len(lines) == 1, proc.stderr
     assert "not delivered" in lines[0] and "3 post(s) unanswered" in lines[0] and "secret" not in lines[0], lines
+
+
+def test_every_refused_name_or_text_option_creates_nothing(tmp_path, monkeypatch, capsys):
+    """Every command given bad names and bad text options (the red team's 400 inputs, in kind): a
+    refusal (exit 2) leaves no ORCH_HOME behind, no ledger.db in it, and never a traceback."""
+    import inspect
+    import typing
+
+    import typer
+
+    from orchestrator import config
+    from orchestrator.cli import check, data, db, demo, instances, offers, reaper, reconcile  # noqa: F401
+    from orchestrator.cli.app import app
+    from orchestrator.cli.main import main
+    from tests.test_untrusted import _commands
+
+    names = ["../x", "X Y", "-x", "", "a" * 300, "a\nb", "x/../../y"]
+    texts = ["../../x", "", "\x00", "nope-provider", "a\nb", "x" * 300]
+    tried, created = 0, []
+    for path, callback in _commands(app):
+        params = inspect.signature(callback).parameters
+        hints = typing.get_type_hints(callback)
+        wanted = [n for n, p in params.items() if isinstance(p.default, typer.models.ArgumentInfo)
+                  and p.default.default is ...]
+        good = {n: "x1" if n in ("name", "provider", "folder") else "acme/x" if n == "repo" else "x" for n in wanted}
+        cases = [[*path, *[(v if m == n else good[m]) for m in wanted]] for n in wanted for v in names]
+        for pname, p in params.items():
+            if isinstance(p.default, typer.models.OptionInfo) and hints.get(pname) in (str, typing.Optional[str]):
+                flag = next((d for d in (p.default.param_decls or ()) if d.startswith("--")),
+                            "--" + pname.replace("_", "-"))
+                cases += [[*path, *good.values(), f"{flag}={v}"] for v in texts]
+        for args in cases:
+            home = tmp_path / f"h{tried}"
+            tried += 1
+            monkeypatch.setenv("ORCH_HOME", str(home))
+            monkeypatch.setattr(sys, "argv", ["orch", *args])
+            config._load.cache_clear()
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code
+            _, err = capsys.readouterr()
+            assert "Traceback" not in err and "internal error" not in err, (args, err)
+            if code == 2 and home.exists():
+                created.append((args, sorted(p.name for p in home.iterdir()), err.strip()[:120]))
+    assert tried > 150 and created == [], created
+
+
+@pytest.mark.parametrize("args, says", [
+    (("run", "j", "--cpu", "--spot"), "spot"),
+    (("run", "j", "--cpu", "--offer", "../../x"), "--offer picks a GPU offer"),
+    (("up", "b", "--cpu", "--spot"), "spot"),
+    (("up", "b", "--cpu", "--offer", "../../x"), "--offer picks a GPU offer"),
+])
+def test_what_the_renting_provider_cannot_do_is_refused_before_renting(orch_home, ds, args, says):
+    proc = run_orch(*args, *(("--data", ds) if args[0] == "run" else ()))
+    one_line_refusal(proc, 2, says)
+    assert not orch_home.exists(), "refused, yet something was created"
+
+
+def test_cost_since_a_span_before_year_one_is_everything(orch_home):
+    proc = run_orch("cost", "--since", "99999999d")
+    assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr

@@ -63,6 +63,8 @@ def run(
         plugins.provider_class(p)
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
+    if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
+        instances.renter(providers[0] if providers else plugins.default_provider()).validate(request)
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
