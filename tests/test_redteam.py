@@ -355,3 +355,72 @@ def test_what_the_renting_provider_cannot_do_is_refused_before_renting(orch_home
 def test_cost_since_a_span_before_year_one_is_everything(orch_home):
     proc = run_orch("cost", "--since", "99999999d")
     assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr
+
+
+# -- a dataset tar, unpacked on the instance --------------------------------------------------------
+def _tar(path, members):
+    """A tar of (name, kind, mode, data) members, as a careless hand (or a hostile one) packs it."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, kind, mode, data in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _extract(tar_path, dest, filters=True):
+    import subprocess
+
+    from tests.test_untrusted import ON_INSTANCE
+
+    code = ("import sys, tarfile\n"
+            + ("" if filters else "del tarfile.data_filter  # a Python without PEP 706's filters\n")
+            + f"sys.path.insert(0, {str(ON_INSTANCE)!r})\nimport extract\n"
+            f"print(extract.orch_extract({str(tar_path)!r}, {str(dest)!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+YAML = b"train: images/train\nval: images/val\nnames:\n  0: bird\n"
+
+
+@pytest.mark.parametrize("filters", [True, False])
+def test_no_setuid_bit_survives_unpacking_with_or_without_the_data_filter(tmp_path, filters):
+    import stat
+
+    tar = _tar(tmp_path / "ds.tar", [("ds/", "dir", 0o755, b""), ("ds/data.yaml", "file", 0o644, YAML),
+                                     ("ds/run-me", "file", 0o4777, b"#!/bin/sh\nid\n")])
+    proc = _extract(tar, tmp_path / "out", filters)
+    assert proc.returncode == 0, proc.stderr
+    mode = (tmp_path / "out" / "ds" / "run-me").stat().st_mode
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH), oct(mode)
+
+
+@pytest.mark.parametrize("order", ["folder, then file", "file, then folder", "file, then a file under it"])
+def test_a_name_that_is_both_a_folder_and_a_file_is_refused_in_one_line(tmp_path, order):
+    x = {"folder, then file": [("ds/x/", "dir", 0o755, b""), ("ds/x", "file", 0o644, b"f")],
+         "file, then folder": [("ds/x", "file", 0o644, b"f"), ("ds/x/", "dir", 0o755, b"")],
+         "file, then a file under it": [("ds/x", "file", 0o644, b"f"), ("ds/x/y", "file", 0o644, b"g")]}[order]
+    tar = _tar(tmp_path / "ds.tar", [("ds/", "dir", 0o755, b""), ("ds/data.yaml", "file", 0o644, YAML), *x])
+    proc = _extract(tar, tmp_path / "out")
+    assert proc.returncode != 0 and "both a folder and a file" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "IsADirectoryError" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("key", ['"path"', "'path'", "path", '"path" '])
+def test_a_data_yaml_path_key_in_any_spelling_never_moves_the_dataset(tmp_path, key):
+    import yaml
+
+    tar = _tar(tmp_path / "ds.tar", [("ds/", "dir", 0o755, b""),
+                                     ("ds/data.yaml", "file", 0o644, YAML + f"{key}: /etc\n".encode())])
+    proc = _extract(tar, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    written = yaml.safe_load((tmp_path / "out" / "ds" / "data.yaml").read_text())
+    assert written["path"] == str((tmp_path / "out" / "ds").resolve()), written
