@@ -46,6 +46,7 @@ from typing import Any
 from orchestrator import gpus as gpu_names
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.hookspecs import hookimpl
+from orchestrator.remote import USER
 from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, Request, Status, bid_with_margin,
                                    parse_label, stopped_rate)
 
@@ -83,6 +84,7 @@ _STATES = {"pending": Status.PENDING, "running": Status.RUNNING, "stopping": Sta
 _AUTH_CODES = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
                "ExpiredToken", "OptInRequired", "RequestExpired"}
 _NO_CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity"}
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")  # us-east-1, ap-southeast-2, us-gov-west-1
 _ID = re.compile(r"(?P<iid>i-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
@@ -125,10 +127,15 @@ class AWSProvider(Provider):
             value = self.settings.get(key)
             if value is not None and (not isinstance(value, str) or not value.strip() or not value.isprintable()):
                 raise UsageError(f"[providers.aws] {key} must be a non-empty string, not {value!r}")
+        # Checked here, before anything is rented: a user that is an ssh option or a region that is
+        # no region name would otherwise fail only once the instance bills.
+        if self.settings.get("ssh_user") is not None and not USER.fullmatch(self.settings["ssh_user"]):
+            raise UsageError(f"[providers.aws] ssh_user must be a login name, not {self.settings['ssh_user']!r}")
+        if self.settings.get("region") is not None and not _REGION.fullmatch(self.settings["region"]):
+            raise UsageError(f"[providers.aws] region must be a region name (us-east-1), not {self.settings['region']!r}")
         regions = self.settings.get("regions")
         if regions is not None and (not isinstance(regions, list) or not regions or
-                                    not all(isinstance(r, str) and re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", r)
-                                            for r in regions)):
+                                    not all(isinstance(r, str) and _REGION.fullmatch(r) for r in regions)):
             raise UsageError(f"[providers.aws] regions must be a list of region names, not {regions!r}")
         if self.settings.get("shutdown_behavior", "stop") not in ("stop", "terminate"):
             raise UsageError("[providers.aws] shutdown_behavior must be stop or terminate")

@@ -424,3 +424,16 @@ def test_a_data_yaml_path_key_in_any_spelling_never_moves_the_dataset(tmp_path, 
     assert proc.returncode == 0, proc.stderr
     written = yaml.safe_load((tmp_path / "out" / "ds" / "data.yaml").read_text())
     assert written["path"] == str((tmp_path / "out" / "ds").resolve()), written
+
+
+@pytest.mark.parametrize("setting, says", [('ssh_user = "-oProxyCommand=id"', "ssh_user must be a login name"),
+                                           ('region = "mars"', "region must be a region name")])
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_aws_settings_are_checked_before_renting(orch_home, ds, setting, says, command):
+    orch_home.mkdir(mode=0o700)
+    (orch_home / "config.toml").write_text(f"[providers.aws]\n{setting}\n")
+    env = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "x"}  # nothing is asked of AWS
+    proc = run_orch(command, "b", "--provider", "aws", "--gpu", "A10G", *(("--data", ds) if command == "run" else ()),
+                    env=env)
+    one_line_refusal(proc, 2, says)
+    assert sorted(p.name for p in orch_home.iterdir()) == ["config.toml"], "refused, yet something was created"

@@ -60,7 +60,7 @@ def run(
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     for p in providers:
-        plugins.provider_class(p)
+        instances.renter(p)  # an unknown provider, or one whose settings are wrong, before anything is opened
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
     if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
