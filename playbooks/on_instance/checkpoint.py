@@ -31,6 +31,7 @@ of the last one; its resume continues at that + 1). Standard library only, so th
 training instance costs a fraction of a second instead of a torch import.
 """
 import _compat_pickle
+import io
 import json
 import os
 import pickle
@@ -171,7 +172,7 @@ def read_zip(path):
     named = refused_global(data)
     if named is not None:
         return False, None, f"its pickle names {named[:120]}, not only tensors and plain containers: not resumed from"
-    ckpt = _Inert(__import__("io").BytesIO(data)).load()
+    ckpt = _Inert(io.BytesIO(data)).load()
     return True, _epoch_of(ckpt), None
 
 
