@@ -181,7 +181,7 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
     manifest = _load(dest)
     todo = [f for f in files if not _fresh(dest, manifest, f)]
     got = []
-    sums = host.script(c, "checksum.py", run_dir, *[_arg(f) for f in todo]) if todo else {}
+    sums = host.script(c, "checksum.py", run_dir, *[a for f in todo for a in _args(f)]) if todo else {}
     for f in todo:
         for attempt in range(ATTEMPTS):
             theirs = _checked(sums.get(f.rel), f.newest)
@@ -196,7 +196,7 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
             problem = (f"{f.rel} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps changing "
                        "or the transfer is corrupt; nothing was renamed into place")
             # It changed while we read it: its sum again (the others' sums still stand).
-            sums = {**sums, f.rel: host.script(c, "checksum.py", run_dir, _arg(f)).get(f.rel)}
+            sums = {**sums, f.rel: host.script(c, "checksum.py", run_dir, *_args(f)).get(f.rel)}
         if problem:
             if strict:
                 raise OrchError(problem)
@@ -215,8 +215,8 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
     return got
 
 
-def _arg(f: RunFile) -> str:
-    return f.rel if f.newest is None else f"{f.rel}:{f.newest}"
+def _args(f: RunFile) -> list[str]:
+    return [f.rel] if f.newest is None else ["--tail", str(f.newest), f.rel]
 
 
 def _fresh(dest: Path, manifest: dict, f: RunFile) -> bool:
