@@ -841,7 +841,7 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
             files = []
             for rel in ("weights/last.pt", "metrics.jsonl"):
                 entry = sums.get(rel)
-                listed, _ = pulling.run_files([[rel, entry[0], entry[1]]] if isinstance(entry, list) and len(entry) == 3
+                listed, _ = pulling.run_files([[rel, entry[0], entry[1]]] if isinstance(entry, list) and len(entry) >= 3
                                               else [])
                 files += listed
             if len(files) != 2:
