@@ -63,7 +63,7 @@ def run(
     everything, destroy. `orch up`'s options apply."""
     from dataclasses import replace
 
-    from orchestrator import config, jobs, plugins, training
+    from orchestrator import checkpoints, config, jobs, plugins, training
 
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
@@ -91,7 +91,7 @@ def run(
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     for p in providers:
-        instances.need_credentials(p)  # unknown, or without its key: refused before anything is made
+        instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
     if _cpu_by_default(providers, options):
@@ -100,8 +100,10 @@ def run(
         request = replace(request, cpu=True)
         say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
             f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
-    if request.cpu:
-        instances.need_credentials(providers[0] if providers else plugins.default_provider())
+    if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
+        first = instances.renter(providers[0] if providers else plugins.default_provider())
+        first.validate(request)
+        first.require_credentials()
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
@@ -110,6 +112,7 @@ def run(
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
+        checkpoints.refuse_unsafe(folder / "weights" / "last.pt")
     elif folder.is_dir() and any(folder.iterdir()):
         raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
                          "from its weights/last.pt")
