@@ -17,6 +17,8 @@ from orchestrator.errors import UsageError
 
 
 def _utc(dt: datetime) -> datetime:
+    if dt.tzinfo is timezone.utc:  # the ledger's own: as it is
+        return dt
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
@@ -87,16 +89,19 @@ def instance_cost(inst, events, runs, since: datetime | None = None, until: date
 
 def report(ledger, name: str | None = None, since: datetime | None = None,
            until: datetime | None = None) -> tuple[list[Cost], dict[str, dict[str, float]]]:
-    """Every instance's cost (those named ``name``, if given) and the totals per provider."""
-    insts = [i for i in ledger.instances() if name is None or i.name == name]
+    """Every instance's cost (those named ``name``, if given) and the totals per provider, from the
+    ledger read whole (``snapshot``: one query per table, whatever the fleet's size) or from a
+    snapshot already read."""
+    from orchestrator import snapshot
+
+    snap = ledger if isinstance(ledger, snapshot.Snapshot) else snapshot.read(ledger, name=name)
+    insts = [i for i in snap.instances if name is None or i.name == name]
     if name is not None and not insts:
         raise UsageError(f"no instance named {name!r} in the ledger")
-    runs_by = {}
-    for r in ledger.runs():
-        runs_by.setdefault(r.instance_id, []).append(r)
+    until = _utc(until or datetime.now(timezone.utc))  # one clock for every instance
     costs = []
     for inst in insts:
-        c = instance_cost(inst, ledger.events(inst.id), runs_by.get(inst.id, []), since, until)
+        c = instance_cost(inst, snap.events_of(inst.id), snap.runs_of(inst.id), since, until)
         if name is not None or c.running_hours or c.stopped_hours or inst.state in states.LIVE:
             costs.append(c)
     totals: dict[str, dict[str, float]] = {}

@@ -70,7 +70,7 @@ class LocalProvider(Provider):
         return Capabilities(stop=True, spot=False, cpu_only=True, gpu=bool(self.gpus), self_stop=True,
                             self_destroy=True)
 
-    @property
+    @cached_property
     def root(self) -> Path:
         return Path(self.home) / "local"
 
@@ -78,8 +78,9 @@ class LocalProvider(Provider):
         return self.root / provider_id
 
     def _meta(self, provider_id: str) -> dict | None:
-        try:
-            return json.loads((self._dir(provider_id) / "meta.json").read_text())
+        try:  # os.path, not pathlib: a reaper pass reads this for every local instance
+            with open(os.path.join(self.root, provider_id, "meta.json")) as f:
+                return json.load(f)
         except FileNotFoundError:
             return None
 
@@ -359,7 +360,8 @@ def instance_pids(instance_id: str) -> list[int]:
 
 def sshd_pid(root: Path) -> int | None:
     try:
-        pid = int((root / "sshd.pid").read_text().split()[0])
+        with open(os.path.join(root, "sshd.pid")) as f:
+            pid = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
     try:
@@ -368,7 +370,7 @@ def sshd_pid(root: Path) -> int | None:
     except OSError:
         return None
     # A recycled pid must not be killed: check it is our sshd with our config.
-    return pid if str(root / "sshd_config").encode() in cmdline else None
+    return pid if os.path.join(root, "sshd_config").encode() in cmdline else None
 
 
 def running(root: Path) -> bool:
