@@ -15,7 +15,9 @@ datetimes, as the ledger hands them back): whatever reads an ``Instance``, ``Eve
 
 from __future__ import annotations
 
+import gc
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -57,6 +59,21 @@ def read(ledger, live_only: bool = False, name: str | None = None) -> Snapshot:
     return fast if fast is not None else _through(ledger, live_only, name)
 
 
+@contextmanager
+def quiet_gc():
+    """The cyclic collector paused for a loop that makes tens of thousands of objects and no cycle
+    (rows, decisions, costs): it would otherwise walk the growing heap again and again, for
+    nothing (a quarter of a reaper pass over 10,000 instances). Reference counting still frees
+    everything; whatever cycle is made meanwhile waits for the next collection."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _where(live_only: bool, name: str | None) -> tuple[str, tuple]:
     clauses, args = [], ()
     if live_only:
@@ -79,15 +96,16 @@ def _sqlite(url: str, live_only: bool, name: str | None) -> Snapshot | None:
     except sqlite3.Error:
         return None
     try:
-        conn.execute("BEGIN")  # deferred: the three reads see one state of the ledger, and lock nothing
-        if conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] != HEAD:
-            return None
-        where, args = _where(live_only, name)
-        instances = _rows(conn.execute(f"SELECT * FROM instances{where} ORDER BY created_at", args))
-        of = f" WHERE instance_id IN (SELECT id FROM instances{where})" if where else ""
-        events = _grouped(_rows(conn.execute(f"SELECT * FROM events{of} ORDER BY at, id", args)))
-        runs = _grouped(_rows(conn.execute(f"SELECT * FROM runs{of} ORDER BY id", args)))
-        return Snapshot(instances, events, runs)
+        with quiet_gc():
+            conn.execute("BEGIN")  # deferred: the three reads see one state of the ledger, and lock nothing
+            if conn.execute("SELECT version_num FROM alembic_version").fetchone()[0] != HEAD:
+                return None
+            where, args = _where(live_only, name)
+            instances = _rows(conn.execute(f"SELECT * FROM instances{where} ORDER BY created_at", args))
+            of = f" WHERE instance_id IN (SELECT id FROM instances{where})" if where else ""
+            events = _grouped(_rows(conn.execute(f"SELECT * FROM events{of} ORDER BY at, id", args)))
+            runs = _grouped(_rows(conn.execute(f"SELECT * FROM runs{of} ORDER BY id", args)))
+            return Snapshot(instances, events, runs)
     except (sqlite3.Error, TypeError):
         return None
     finally:

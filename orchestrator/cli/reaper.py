@@ -16,28 +16,6 @@ reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this 
 app.add_typer(reaper_app, name="reaper")
 
 
-def _outcomes_table(outcomes, dry_run: bool) -> None:
-    """Plain columns (``views.columns``): a pass may report on thousands of instances."""
-    from orchestrator.views import columns
-
-    if not outcomes:
-        out("no live instances")
-        return
-    rows = []
-    for o in outcomes:
-        saved = f"{o.saved_hr:.4f}" if o.saved_hr else "-"
-        if o.saved_hr and not o.acted:
-            saved += " (would)"
-        rows.append((o.name, o.provider, o.state, o.action, saved, clean(o.reason, 1000) or ""))
-    sys.stdout.write(columns(("NAME", "PROVIDER", "STATE", "DECISION", "$/HR SAVED", "REASON"), rows))
-    total = sum(o.saved_hr for o in outcomes if o.acted)
-    would = sum(o.saved_hr for o in outcomes if not o.acted and o.action in ("stop", "destroy"))
-    if dry_run:
-        out(f"dry run: nothing changed; acting would save ${would:.4f}/hr")
-    elif total:
-        out(f"saved ${total:.4f}/hr")
-
-
 @app.command()
 def reap(
     dry_run: bool = typer.Option(False, "--dry-run", help="Decide and show, change nothing."),
@@ -49,7 +27,7 @@ def reap(
                                            "(default: reaper_parallel in config.toml, else 8)."),
 ):
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
-    from orchestrator import jobs, reaper
+    from orchestrator import reaper
     from orchestrator.parallel import MAX_BOUND
 
     if not 1 <= interval <= 86400:
@@ -60,14 +38,19 @@ def reap(
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
         advanced = []  # every job, one look each, at the end of the pass (under its lock)
-        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel,
-                               after=lambda: advanced.extend(jobs.advance_all(orch)))
+
+        def advance_jobs() -> None:  # a real pass only: a dry run neither advances jobs nor imports them
+            from orchestrator import jobs
+
+            advanced.extend(jobs.advance_all(orch))
+
+        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs)
         if as_json:
             emit_json([o.to_dict() for o in outcomes])
         else:
             if watch:
                 console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
-            _outcomes_table(outcomes, dry_run)
+            sys.stdout.write(reaper.table(outcomes, dry_run))
             for j in advanced:
                 out(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""))
         if not watch:
@@ -137,27 +120,8 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
          as_json: bool = typer.Option(False, "--json", help="As JSON.")):
     """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
     from orchestrator import cost as costs
-    from orchestrator.views import columns
 
-    orch = open_orch(lazy=True)  # read whole through `snapshot`: SQLAlchemy only where SQLite cannot answer
-    start = costs.parse_since(since) if since else None
-    rows, totals = costs.report(orch.ledger, name, start)
-    if as_json:
-        emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                    "providers": totals})
-        return
-    if not rows:
-        out("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
-        return
-    table = [(r.name, r.provider, r.state, f"{r.running_hours:.2f} h ${r.running_usd:.2f}",
-              f"{r.stopped_hours:.2f} h ${r.stopped_usd:.2f}", f"${r.total_usd:.2f}",
-              f"{r.idle_hours:.2f} h ${r.idle_usd:.2f}" if r.idle_hours else "-") for r in rows]
-    sys.stdout.write(columns(("NAME", "PROVIDER", "STATE", "RUNNING", "STOPPED", "TOTAL", "IDLE WASTE"), table,
-                             right=frozenset({3, 4, 5, 6})))
-    out("running at the price paid at launch, stopped at the disk's rate; idle waste: billed after the training ended")
-    for provider, tot in sorted(totals.items()):
-        out(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
-            f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
+    costs.show(open_orch(lazy=True).ledger, name, since, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
 
 
 def _set_protected(name: str, on: bool) -> None:
