@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import snapshot, states
-from tests.conftest import ROOT, run_orch
+from tests.conftest import ROOT, needs_torch, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401
 
 SQLITE_ONLY = pytest.mark.skipif(bool(os.environ.get("ORCH_TEST_DATABASE_URL")), reason="SQLite's write lock")
@@ -171,6 +171,7 @@ class SlowLink:
 
 
 @pytest.mark.long
+@needs_torch  # `orch up` verifies each instance with a torch matmul
 def test_a_pass_takes_about_its_slowest_look_not_all_of_them(orch_home, ledger):
     """Three ready instances: two behind links that hold each connection 5 s, one that never
     answers (SSH gives up after its 15 s timeout). Looked at one after another the pass would
@@ -218,7 +219,9 @@ def test_offers_without_a_job_make_no_ledger(orch_home):
     assert (orch_home / "ledger.db").exists()  # a job's estimate reads the epoch times measured before
 
 
-BENCHES = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+# Those that train or probe torch need it where the test runs.
+BENCHES = [pytest.param(p.name, marks=[needs_torch] if p.name in ("reaper_latency.py", "restart_provision.py") else [])
+           for p in sorted((ROOT / "bench").glob("*.py"))]
 
 
 @pytest.mark.long
