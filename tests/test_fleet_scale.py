@@ -171,18 +171,17 @@ class SlowLink:
 
 
 @pytest.mark.long
-@needs_torch  # `orch up` verifies each instance with a torch matmul
 def test_a_pass_takes_about_its_slowest_look_not_all_of_them(orch_home, ledger):
     """Three ready instances: two behind links that hold each connection 5 s, one that never
     answers (SSH gives up after its 15 s timeout). Looked at one after another the pass would
     take 15 + 5 + 5 s; side by side, about the hung host's 15 s."""
+    from tests.clouds import arrange, open_orch
+
     env = {"ORCH_WATCHDOG": "off"}
     names = ["look0", "look1", "look2"]
-    ups = [subprocess.Popen([sys.executable, "-m", "orchestrator", "up", n, "--cpu"], cwd=ROOT, env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in names]
-    for n, p in zip(names, ups):
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, f"{n}: {out}"
+    orch = open_orch()
+    for n in names:
+        arrange(orch, n)  # ready and reachable over SSH, without minutes of provisioning
     links = []
     try:
         for n, delay in zip(names, (5.0, 5.0, None)):
