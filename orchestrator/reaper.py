@@ -187,6 +187,7 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
             summary = {"at": utcnow().isoformat(), "seconds": round(time.monotonic() - started, 2),
                        "outcomes": [o.to_dict() for o in outcomes]}
             orch.ledger.set_meta(LAST_PASS, json.dumps(summary))
+    snapshot.release_gc()  # the pass's rows go back to the collector (see ``snapshot.quiet_gc``)
     return outcomes
 
 

@@ -61,17 +61,23 @@ def read(ledger, live_only: bool = False, name: str | None = None) -> Snapshot:
 
 @contextmanager
 def quiet_gc():
-    """The cyclic collector paused for a loop that makes tens of thousands of objects and no cycle
-    (rows, decisions, costs): it would otherwise walk the growing heap again and again, for
-    nothing (a quarter of a reaper pass over 10,000 instances). Reference counting still frees
-    everything; whatever cycle is made meanwhile waits for the next collection."""
+    """The cyclic collector kept off a loop that makes tens of thousands of objects and no cycle
+    (rows, decisions, costs), and off what it made, afterwards: it would otherwise walk the growing
+    heap again and again, for nothing (a quarter of a reaper pass over 10,000 instances). Reference
+    counting still frees all of it; ``release_gc`` hands it back to the collector (at the end of a
+    reaper pass, so a ``--watch`` loop keeps nothing it does not use)."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.freeze()  # what exists now: out of every later walk, until ``release_gc``
         if was:
             gc.enable()
+
+
+def release_gc() -> None:
+    gc.unfreeze()
 
 
 def _where(live_only: bool, name: str | None) -> tuple[str, tuple]:

@@ -77,9 +77,13 @@ class LocalProvider(Provider):
     def _dir(self, provider_id: str) -> Path:
         return self.root / provider_id
 
+    @cached_property
+    def _root(self) -> str:  # strings, not pathlib, where a reaper pass asks for every local instance
+        return str(self.root)
+
     def _meta(self, provider_id: str) -> dict | None:
-        try:  # os.path, not pathlib: a reaper pass reads this for every local instance
-            with open(os.path.join(self.root, provider_id, "meta.json")) as f:
+        try:
+            with open(f"{self._root}/{provider_id}/meta.json") as f:
                 return json.load(f)
         except FileNotFoundError:
             return None
@@ -120,7 +124,7 @@ class LocalProvider(Provider):
         meta = self._meta(provider_id)
         if meta is None:
             return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE)
-        alive = running(self._dir(provider_id))
+        alive = running(f"{self._root}/{provider_id}")
         return Remote(
             provider_id=provider_id, label=meta["label"], status=Status.RUNNING if alive else Status.STOPPED,
             endpoint=Endpoint(meta["host"], meta["port"], self.ssh_user) if alive else None,
@@ -358,7 +362,7 @@ def instance_pids(instance_id: str) -> list[int]:
     return pids
 
 
-def sshd_pid(root: Path) -> int | None:
+def sshd_pid(root: Path | str) -> int | None:
     try:
         with open(os.path.join(root, "sshd.pid")) as f:
             pid = int(f.read().split()[0])
@@ -373,7 +377,7 @@ def sshd_pid(root: Path) -> int | None:
     return pid if os.path.join(root, "sshd_config").encode() in cmdline else None
 
 
-def running(root: Path) -> bool:
+def running(root: Path | str) -> bool:
     return sshd_pid(root) is not None
 
 
