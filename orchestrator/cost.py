@@ -114,7 +114,7 @@ def report(ledger, name: str | None = None, since: datetime | None = None,
     return costs, totals
 
 
-def show(ledger, name: str | None = None, since: str | None = None, as_json: bool = False) -> None:
+def show(ledger, name: str | None = None, start: datetime | None = None, as_json: bool = False) -> None:
     """``orch cost``: the report as plain columns (``views.columns``: Rich's table took seconds
     for ten thousand rows) or JSON. Needs no Typer: ``cli.main`` answers ``orch cost`` with it."""
     import json
@@ -122,7 +122,6 @@ def show(ledger, name: str | None = None, since: str | None = None, as_json: boo
 
     from orchestrator.views import columns
 
-    start = parse_since(since) if since else None
     rows, totals = report(ledger, name, start)
     if as_json:
         print(json.dumps({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
@@ -148,7 +147,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     t = text.strip()
     if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in ("d", "h", "m"):
         unit = {"d": "days", "h": "hours", "m": "minutes"}[t[-1]]
-        return now - timedelta(**{unit: float(t[:-1])})
+        try:
+            return now - timedelta(**{unit: float(t[:-1])})
+        except OverflowError:  # before year 1: everything the ledger holds
+            return datetime.min.replace(tzinfo=timezone.utc)
     try:
         return _utc(datetime.fromisoformat(t.replace("Z", "+00:00")))
     except ValueError:

@@ -37,7 +37,7 @@ def memory(row) -> dict:
 
     try:
         found = json.loads(row.memory) if row.memory else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
         return {}
     return found if isinstance(found, dict) else {}
 

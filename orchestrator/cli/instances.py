@@ -56,8 +56,21 @@ def up(
         ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
         max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
+    chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
+    auto_cpu = False
+    if not cheapest:  # the provider that will rent is known: what it cannot do is refused before anything is opened
+        named = plugins.default_provider() if provider is None else provider
+        caps = renter(named).capabilities
+        # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
+        auto_cpu = not chose and not caps.gpu and caps.cpu_only
+        renter(named).validate(replace(request, cpu=True) if auto_cpu else request)
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
+        pulled = config.home() / "runs" / name / "weights" / "last.pt"
+        if pulled.exists():  # the copy a new instance would be given: checked before anything is opened
+            from orchestrator import checkpoints
+
+            checkpoints.refuse_unsafe(pulled)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
@@ -77,10 +90,8 @@ def up(
         from orchestrator import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
-    chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
     provider = plugins.default_provider() if provider is None else provider
-    if not chose and not orch.provider(provider).capabilities.gpu and orch.provider(provider).capabilities.cpu_only:
-        # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
+    if auto_cpu:
         request = replace(request, cpu=True)
         say(f"{provider} has no GPU on this machine: {name} is a CPU instance (--provider and --gpu choose otherwise)")
     holder = {}
@@ -127,10 +138,24 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
                       image=image, spot=spot, bid=bid, offer=offer)
     check_request(name, request)
     if provider is not None:
-        cls = plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
-        if spot and not cls.capabilities.spot:
-            raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+        refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
     return policy, spec, request
+
+
+def refuse_spot(provider: str, spot: bool) -> None:
+    """--spot on a provider named: refused up front when it has none."""
+    from orchestrator import plugins
+
+    cls = plugins.provider_class(provider)
+    if spot and not cls.capabilities.spot:
+        raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+
+
+def renter(provider: str):
+    """The provider that will rent, built from its settings alone (no ledger opened), to ask what it can do."""
+    from orchestrator import config, plugins
+
+    return plugins.provider_class(provider)(config.provider_settings(provider), config.home())
 
 
 def refuse_reached(folder, epochs: int) -> None:
@@ -277,7 +302,9 @@ def _run_view(orch, inst, run) -> dict:
 def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
     from orchestrator import config, remote
+    from orchestrator.lifecycle import check_name
 
+    check_name(name)
     orch = open_orch()
     inst = orch.instance(name)
     if not inst.ssh_host:
