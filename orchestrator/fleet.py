@@ -46,17 +46,16 @@ def show(include_ended: bool, as_json: bool, refreshed: bool = False) -> None:
 def table(rows: list[dict]) -> str:
     """Plain aligned columns: Rich's Table takes most of a second for a thousand rows."""
     from orchestrator.text import clean
-    from orchestrator.views import age
+    from orchestrator.views import age, columns
 
     if not rows:
         return "no instances (start one with `orch up NAME`)\n"
-    out = [("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE")]
+    out = []
     for r in rows:
         gpu = "cpu" if r["cpu_only"] else f"{r['gpus']}x {clean(r['gpu_name'] or r['gpu'], 40) or '?'}"
         out.append((r["name"], r["provider"], r["state"], gpu, f"{r['price_hr']:.3f}", r["ssh"] or "-",
                     age(r["created_at"])))
-    widths = [max(len(row[i]) for row in out) for i in range(len(out[0]))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in out)
+    return columns(("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE"), out)
 
 
 def reconcile_note(last_run: str | None, last_report: str | None) -> str:
