@@ -61,11 +61,12 @@ class DatasetInfo:
 # -- validate -----------------------------------------------------------------------------------
 
 
-def validate(path: Path, imgsz: int | None = None, doctor: bool = True) -> DatasetInfo:
+def validate(path: Path, imgsz: int | None = None, doctor: bool = True, say=None) -> DatasetInfo:
     """Check a YOLO dataset (its folder or its yaml); raise UsageError with one line on the first problem.
 
     With ``doctor`` (the default) and LibreYOLO importable here, ``libreyolo doctor`` runs last and
     its errors are raised the same way; ``imgsz`` is its training size for the tiny-object checks.
+    ``say`` (default: stderr) hears what the doctor does while it runs: it can take a minute.
     """
     yaml_path = _find_yaml(Path(path).expanduser())
     config = _load_yaml(yaml_path)
@@ -106,7 +107,7 @@ def validate(path: Path, imgsz: int | None = None, doctor: bool = True) -> Datas
         splits=splits,
     )
     if doctor:
-        _doctor(yaml_path, imgsz)
+        _doctor(yaml_path, imgsz, len(all_images), say or (lambda m: print(m, file=sys.stderr, flush=True)))
     return info
 
 
@@ -237,18 +238,43 @@ def _check_labels(label: Path, nc: int) -> int:
     return count
 
 
-def _doctor(yaml_path: Path, imgsz: int | None) -> None:
-    """Run ``libreyolo doctor`` with this interpreter when LibreYOLO is installed; raise on its errors."""
+DOCTOR_NOTE_SECONDS = 10.0  # how often a running doctor says it still runs
+DOCTOR_TIMEOUT = 900.0
+
+
+def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:
+    """Run ``libreyolo doctor`` with this interpreter when LibreYOLO is installed; raise on its errors.
+    It loads torch, then decodes every image: on a busy machine that is a minute or more, so it
+    says what runs, then how long it has run, every ``DOCTOR_NOTE_SECONDS``."""
     if importlib.util.find_spec("libreyolo") is None:
         return
+    import time
+
     cmd = [sys.executable, "-c", "import sys; from libreyolo.cli import entrypoint; sys.exit(entrypoint())"]
     cmd += ["doctor", str(yaml_path), "--json", "--quiet"]
     if imgsz:
         cmd += ["--imgsz", str(imgsz)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        raise UsageError(f"libreyolo doctor {yaml_path} did not finish in 15 minutes") from None
+    say(f"      data: libreyolo doctor checks {n_images} images (it loads torch first: this can take a minute)")
+    started = time.monotonic()
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while True:
+        try:
+            stdout, stderr = child.communicate(timeout=DOCTOR_NOTE_SECONDS)  # retried: no output is lost
+            break
+        except subprocess.TimeoutExpired:
+            took = time.monotonic() - started
+            if took >= DOCTOR_TIMEOUT:
+                child.kill()
+                child.communicate()
+                raise UsageError(f"libreyolo doctor {yaml_path} did not finish in {DOCTOR_TIMEOUT / 60:.0f} "
+                                 "minutes") from None
+            say(f"      data: libreyolo doctor still checking ({took:.0f} s)")
+        except BaseException:  # Ctrl-C: the doctor goes too
+            child.kill()
+            child.communicate()
+            raise
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+    say(f"      data: libreyolo doctor done in {time.monotonic() - started:.0f} s")
     try:
         report = json.loads(proc.stdout)
     except ValueError:

@@ -32,13 +32,15 @@ def read(include_ended: bool) -> tuple[list[dict], dict]:
             {k: ledger.get_meta(k) for k in META_KEYS})
 
 
-def show(include_ended: bool, as_json: bool) -> None:
+def show(include_ended: bool, as_json: bool, refreshed: bool = False) -> None:
     rows, meta = read(include_ended)
     if as_json:
         print(json.dumps(rows, indent=2, sort_keys=True, default=str))
         return
     sys.stdout.write(table(rows))
     print(reconcile_note(meta.get(META_KEYS[0]), meta.get(META_KEYS[1])))
+    if rows and not refreshed:
+        print("states as the ledger last saw them: `orch status --refresh` asks each provider now")
 
 
 def table(rows: list[dict]) -> str:

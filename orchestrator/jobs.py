@@ -261,11 +261,15 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     answer = offers.search(orch, query, job, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
+    for name, why in answer.skipped:
+        orch.say(f"      {name} not asked: {why}")
     rows = [r for r in answer.rows if f"{r.offer.provider}/{r.offer.offer_id}" not in (avoid or set())]
     if not rows:
         raise NoCapacity(f"no {mode} offer for {req.gpus}x {req.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}"
-                         + (" (besides those that failed for this job)" if answer.rows else ""))
+                         + (" (besides those that failed for this job)" if answer.rows else "")
+                         + (f"; not asked: {', '.join(n for n, _ in answer.skipped)} (`orch check` says what each "
+                            "needs)" if answer.skipped else ""))
     best = rows[0]
     spot = mode == "spot"
     bid = req.bid

@@ -149,6 +149,7 @@ class Orch:
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
+        provider.require_credentials()
         from orchestrator.reconcile import leftover
 
         inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left

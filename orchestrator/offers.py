@@ -152,6 +152,9 @@ class Answer:
     errors: list[tuple[str, str]] = field(default_factory=list)
     asked: list[str] = field(default_factory=list)
     cached: dict[str, float] = field(default_factory=dict)  # provider -> age of its cached answer, s
+    # Providers not asked, each with why (its key is missing: what to set; no offers here), so that
+    # "no offer matches" never hides a provider that was never asked.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:
@@ -201,6 +204,8 @@ def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> A
         # Not named, no key and no section in config.toml: an installed provider the user does not use.
         if query.providers or provider.configured() or config.provider_settings(name):
             providers[name] = provider
+        else:
+            answer.skipped.append((name, f"no key: set {provider.missing_credentials()}"))
     ttl = float(config.get("offers_cache_seconds", DEFAULT_CACHE_SECONDS))
     request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot")
     offers: list[Offer] = []
@@ -213,6 +218,9 @@ def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> A
                 answer.errors.append((name, _one_line(e)))
                 continue
             if got is None:  # not a source of offers here (the local provider without GPUs)
+                p = providers[name]
+                answer.skipped.append((name, "no GPU on this machine" if p.embedded and not p.capabilities.gpu
+                                       else "no source of offers"))
                 continue
             answer.asked.append(name)
             if age is not None:
@@ -241,9 +249,9 @@ def _one_line(e: BaseException) -> str:
 
 def _ask(home: Path, provider, request: Request, fresh: bool, ttl: float) -> tuple[list[Offer] | None, float | None]:
     """(offers, age of the cached answer or None when asked live); (None, None): no source of offers."""
-    if not provider.configured():
-        raise AuthError(f"no API key: set api_key under [providers.{provider.name}] in config.toml "
-                        "(or the provider's own environment variable or key file)")
+    missing = provider.missing_credentials()
+    if missing:
+        raise AuthError(f"no API key: set {missing}")
     path = _cache_path(home, provider, request)
     if not fresh and ttl > 0:
         cached = _read_cache(path, ttl)

@@ -158,6 +158,9 @@ class Provider:
     # Environment variables that say how to reach this provider (its key, its API address): the
     # scheduled reaper carries them, and they key the offers cache.
     env_keys: ClassVar[tuple[str, ...]] = ()
+    # What to set when ``configured()`` says no (its variable, its config.toml key), named in the one
+    # line that refuses to rent and in every list of providers skipped for want of a key.
+    credentials: ClassVar[str] = ""
     # Settings that must be numbers, each with its least value: a typo in config.toml is refused
     # before anything is rented, not found by a crash halfway through.
     numeric_settings: ClassVar[dict[str, float]] = {}
@@ -225,6 +228,19 @@ class Provider:
         """Whether orch has what it needs to ask this provider anything (its credentials, say);
         ``orch reconcile`` lists every configured provider. Override where a key is needed."""
         return True
+
+    def missing_credentials(self) -> str | None:
+        """None when orch can ask this provider; else what to set, for the user."""
+        if self.configured():
+            return None
+        return self.credentials or f"the credentials of {self.name}"
+
+    def require_credentials(self) -> None:
+        """Refuse (exit 2) before anything is created or rented when the key is not there: a create
+        without one fails halfway, and whether something was made is then unknown."""
+        missing = self.missing_credentials()
+        if missing:
+            raise UsageError(f"no {self.name} credentials: set {missing} (`orch check {self.name}` tries them)")
 
     def capabilities_for(self, spot: bool) -> Capabilities:
         """What an instance rented this way can do (a one-time spot instance may not stop)."""

@@ -109,6 +109,26 @@ def sync(orch, inst, remote: Remote | None):
     return inst  # pending: still moving at the provider; the next look sees where it lands
 
 
+def refresh_all(orch) -> list[tuple[str, str]]:
+    """Every live instance in line with what its provider shows now (`orch status --refresh`): one
+    listing per provider, then ``sync``; no SSH. Returns (provider, why) for each listing that
+    failed: those instances keep what the ledger says."""
+    from orchestrator.text import why
+
+    failed = []
+    live = [i for i in orch.ledger.instances(live_only=True) if i.provider_id is not None]
+    for name in sorted({i.provider for i in live}):
+        try:
+            provider = orch.provider(name)
+            listing = {r.provider_id: r for r in provider.list()}
+            for inst in (i for i in live if i.provider == name):
+                remote = listing.get(inst.provider_id)
+                sync(orch, inst, remote if remote is not None else provider.get(inst.provider_id))
+        except Exception as e:  # noqa: BLE001 - a failed listing is never read as "nothing there"
+            failed.append((name, why(e)))
+    return failed
+
+
 def _ended_by_market(orch, inst, remote: Remote | None, what: str):
     """A preempted instance its provider has ended (terminated, not stopped): nothing of it bills any
     more, its disk included (a spot root volume goes with it), so the row ends here, destroyed, and

@@ -110,10 +110,11 @@ def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
         return spec
     from orchestrator import dataset
 
-    info = dataset.validate(Path(spec.data).expanduser(), imgsz=spec.imgsz)
+    info = dataset.validate(Path(spec.data).expanduser(), imgsz=spec.imgsz, say=say)
     cache = home / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"pack-{os.getpid()}.tar"
+    say(f"      data: packing {len(info.files)} files ({info.bytes / 1e6:.1f} MB) into one tar")
     dataset.pack(info, tmp)
     digest = _sha256(tmp)[:16]
     final = cache / f"{digest}.tar"

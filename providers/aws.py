@@ -152,6 +152,8 @@ class AWSProvider(Provider):
     capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True, self_destroy=True)
     env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+    credentials = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or ~/.aws/credentials, "
+                   "or a [providers.aws] section in config.toml")
     login = "ubuntu"  # the Deep Learning AMI's user
     numeric_settings = {"spot_margin": 0, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0, "retries": 1}
 

@@ -133,6 +133,7 @@ class LambdaProvider(Provider):
     capabilities = Capabilities(stop=False, spot=False, cpu_only=False, gpu=True, self_stop=False,
                                 self_destroy=False)
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
+    credentials = "LAMBDA_API_KEY, or api_key under [providers.lambda] in config.toml"
     login = "ubuntu"  # Lambda Stack's user
     numeric_settings = {"retries": 1, "http_timeout": 0.1, "launch_interval": 0, "poll_seconds": 0,
                         "destroy_timeout": 0, "launch_lookup_seconds": 0, "unhealthy_grace": 0}

@@ -138,6 +138,7 @@ class RunPodProvider(Provider):
     capabilities = Capabilities(stop=True, spot=False, cpu_only=True, gpu=True, self_stop=True,
                                 self_destroy=True, new_host_key_on_start=True)
     env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
+    credentials = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)

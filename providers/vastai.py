@@ -89,6 +89,7 @@ class VastAIProvider(Provider):
     capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
                                 self_destroy=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
+    credentials = "VAST_API_KEY, or api_key under [providers.vastai] in config.toml"
 
 
 

@@ -3,54 +3,129 @@
 # real sshd), a virtual environment in .venv, torch for the CPU demo, and orch itself.
 #   scripts/install.sh          orch with the local provider (torch + LibreYOLO on this machine)
 #   scripts/install.sh --test   also every provider SDK, the test tools and PostgreSQL
-# Idempotent: a second run only checks.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-test_deps=0
-[ "${1:-}" = "--test" ] && test_deps=1
+# Idempotent: a second run only checks. Sourced (`. scripts/install.sh`), it only defines its steps.
+#
+# Which torch: the CUDA build where an NVIDIA driver is; elsewhere the CPU build where one can be
+# had, with a torchvision whose operators load beside it (LibreYOLO needs torchvision.ops): on
+# aarch64 PyPI's wheels are CPU builds (about 0.7 GB); on x86_64 PyPI has no CPU torchvision (its
+# wheels link libtorch_cuda: 'operator torchvision::nms does not exist' beside a CPU torch), so the
+# CPU pair comes only from an index that has it: ORCH_TORCH_INDEX=<a PyTorch CPU wheel index>
+# (about 1 GB). Without one, x86_64 gets the CUDA build (about 5.5 GB), which runs on the CPU too.
+# The choice is said, and the venv's size.
+
+CUDA_PAIR="torch==2.14.1 torchvision==0.29.1"  # the pair LibreYOLO 1.6 imports with (2.13's torchvision fails)
 
 sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-packages=()
-[ -x /usr/sbin/sshd ] || packages+=(openssh-server)
-if [ $test_deps = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then packages+=(postgresql); fi
-# The tests' fake cloud hosts run commands through root's login shell; some log in to zsh.
-if [ $test_deps = 1 ] && ! command -v zsh >/dev/null; then packages+=(zsh); fi
-# `orch ssh-config` is tried with rsync as well as ssh and scp.
-if [ $test_deps = 1 ] && ! command -v rsync >/dev/null; then packages+=(rsync); fi
-# The dashboard's test drives Debian's headless Chromium through Playwright (never `playwright install`).
 has_candidate() { apt-cache policy "$1" 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; }  # not -q: no SIGPIPE under pipefail
-if [ $test_deps = 1 ] && ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
-  # Package lists first (a fresh container has none): the small headless build where Debian has it.
-  if command -v apt-get >/dev/null && ! has_candidate chromium-headless-shell; then sudo_ apt-get update -qq; fi
-  if has_candidate chromium-headless-shell; then
-    packages+=(chromium-headless-shell)
-  else
-    packages+=(chromium)
-  fi
-fi
-if [ ${#packages[@]} -gt 0 ]; then
-  if command -v apt-get >/dev/null; then
-    echo "installing ${packages[*]} (apt)"
-    sudo_ apt-get update -qq
-    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
-  else
-    echo "please install: ${packages[*]}" >&2; exit 1
-  fi
-fi
 
-python=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-pip=".venv/bin/python -m pip --disable-pip-version-check -q"
-$pip install --upgrade pip >/dev/null
-# torch 2.14.1 + torchvision 0.29.1 is the pair LibreYOLO 1.6 imports with (2.13's torchvision fails).
-$pip install torch==2.14.1 torchvision==0.29.1
-if [ $test_deps = 1 ]; then $pip install -e '.[all]'; else $pip install -e '.[local]'; fi
-# Beam's SDK for the `orch export beam` tests: beta9 pins paramiko<4 and watchdog<5 that runpod 1.11 cannot
-# share (see pyproject's beam extra), yet loads and decorates with the newer ones: installed without its pins.
-if [ $test_deps = 1 ]; then
-  $pip install --no-deps 'beam-client==0.2.233' 'beta9==0.1.291'  # pinned: installed without their own pins
-  $pip install asgiref betterproto-beta9 click cloudpickle 'croniter>=3.0.3,<4' fastapi grpcio grpclib jsonschema \
-    'packaging>=24' prompt-toolkit protobuf pyyaml requests rich typeguard typing-extensions uvicorn watchdog \
-    websocket-client 'websockets>=13,<16'
+nvidia_driver() {
+  [ -e /proc/driver/nvidia/version ] || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+}
+
+# The CPU pair for this machine's architecture: the same torch/torchvision minor pairing as PyPI's.
+cpu_pair() {
+  case "$(uname -m)" in
+    aarch64|arm64) echo "torch==2.9.1 torchvision==0.24.1" ;;
+    *) echo "torch==2.13.0+cpu torchvision==0.28.0+cpu" ;;
+  esac
+}
+
+# "cpu" or "cuda", then why: the build to try first.
+torch_plan() {
+  if nvidia_driver; then echo "cuda an NVIDIA driver is here"; else echo "cpu no NVIDIA driver here"; fi
+}
+
+# torch and torchvision import, and torchvision's compiled operators load (what LibreYOLO calls).
+torch_works() {
+  "$1" -c 'import torch, torchvision; from torchvision.ops import nms; nms(torch.zeros(1, 4), torch.zeros(1), 0.5)' \
+    >/dev/null 2>&1
+}
+
+install_torch() {  # $1: the venv's python
+  local python=$1 plan kind why log
+  plan=$(torch_plan); kind=${plan%% *}; why=${plan#* }
+  local pip="$python -m pip --disable-pip-version-check -q"
+  if [ "$kind" = cpu ]; then
+    log=$(mktemp)
+    # shellcheck disable=SC2046  # the pair is two words on purpose
+    if $pip install $(cpu_pair) ${ORCH_TORCH_INDEX:+--extra-index-url "$ORCH_TORCH_INDEX"} >"$log" 2>&1 \
+        && torch_works "$python"; then
+      rm -f "$log"
+      echo "torch: the CPU build ($(cpu_pair)): $why"
+      return
+    fi
+    echo "torch: the CPU build ($(cpu_pair)) could not be had here: $(grep -m1 '^ERROR' "$log" || echo "its operators do not load")"
+    echo "       PyPI has no CPU torchvision for $(uname -m); ORCH_TORCH_INDEX=<a PyTorch CPU wheel index> gives one"
+    rm -f "$log"
+  fi
+  # shellcheck disable=SC2086
+  $pip install $CUDA_PAIR
+  echo "torch: the CUDA build ($CUDA_PAIR), which runs on the CPU too: $why"
+}
+
+# orch itself, editable. setuptools tells every editable install to beware of folders named like
+# the package in the working directory ("Editable installation."): true of every checkout, and
+# nothing to act on, so that one note is filtered (only it: other warnings still show).
+install_orch() {  # $1: the venv's python, then pip's arguments
+  local python=$1
+  shift
+  PYTHONWARNINGS="ignore:Editable installation" "$python" -m pip --disable-pip-version-check -q install "$@"
+}
+
+main() {
+  set -euo pipefail
+  cd "$(dirname "$0")/.."
+  local test_deps=0
+  [ "${1:-}" = "--test" ] && test_deps=1
+
+  local packages=()
+  [ -x /usr/sbin/sshd ] || packages+=(openssh-server)
+  if [ $test_deps = 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then packages+=(postgresql); fi
+  # The tests' fake cloud hosts run commands through root's login shell; some log in to zsh.
+  if [ $test_deps = 1 ] && ! command -v zsh >/dev/null; then packages+=(zsh); fi
+  # `orch ssh-config` is tried with rsync as well as ssh and scp.
+  if [ $test_deps = 1 ] && ! command -v rsync >/dev/null; then packages+=(rsync); fi
+  # The dashboard's test drives Debian's headless Chromium through Playwright (never `playwright install`).
+  if [ $test_deps = 1 ] && ! command -v chromium-headless-shell >/dev/null && ! command -v chromium >/dev/null; then
+    # Package lists first (a fresh container has none): the small headless build where Debian has it.
+    if command -v apt-get >/dev/null && ! has_candidate chromium-headless-shell; then sudo_ apt-get update -qq; fi
+    if has_candidate chromium-headless-shell; then
+      packages+=(chromium-headless-shell)
+    else
+      packages+=(chromium)
+    fi
+  fi
+  if [ ${#packages[@]} -gt 0 ]; then
+    if command -v apt-get >/dev/null; then
+      echo "installing ${packages[*]} (apt)"
+      sudo_ apt-get update -qq
+      sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+    else
+      echo "please install: ${packages[*]}" >&2; exit 1
+    fi
+  fi
+
+  local python=${PYTHON:-python3}
+  [ -x .venv/bin/python ] || "$python" -m venv .venv
+  .venv/bin/python -m pip --disable-pip-version-check -q install --upgrade pip >/dev/null
+  if torch_works .venv/bin/python; then
+    echo "torch: $(.venv/bin/python -c 'import torch; print(torch.__version__)') already installed"
+  else
+    install_torch .venv/bin/python
+  fi
+  if [ $test_deps = 1 ]; then install_orch .venv/bin/python -e '.[all]'; else install_orch .venv/bin/python -e '.[local]'; fi
+  # Beam's SDK for the `orch export beam` tests: beta9 pins paramiko<4 and watchdog<5 that runpod 1.11 cannot
+  # share (see pyproject's beam extra), yet loads and decorates with the newer ones: installed without its pins.
+  if [ $test_deps = 1 ]; then
+    local pip=".venv/bin/python -m pip --disable-pip-version-check -q"
+    $pip install --no-deps 'beam-client==0.2.233' 'beta9==0.1.291'  # pinned: installed without their own pins
+    $pip install asgiref betterproto-beta9 click cloudpickle 'croniter>=3.0.3,<4' fastapi grpcio grpclib jsonschema \
+      'packaging>=24' prompt-toolkit protobuf pyyaml requests rich typeguard typing-extensions uvicorn watchdog \
+      websocket-client 'websockets>=13,<16'
+  fi
+  echo "orch installed: $(.venv/bin/orch --help >/dev/null && echo .venv/bin/orch) (.venv: $(du -sh .venv | cut -f1))"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
 fi
-echo "orch installed: $(.venv/bin/orch --help >/dev/null && echo .venv/bin/orch)"

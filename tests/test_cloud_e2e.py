@@ -93,5 +93,5 @@ def test_runpod_up_with_a_long_training_returns_once_it_runs(orch_home, runpod, 
     pod = fake.live()[0]
     assert any("train_entry.py" in p for p in pod.host.processes()), "the training outlived orch up's SSH session"
     assert pod.host.run("getent passwd root").stdout.strip().endswith(":/bin/bash")  # the shell that hid nothing
-    run_orch("down", "long", "--no-pull", env=env, check=0)
+    run_orch("down", "long", "--no-pull", "--yes", env=env, check=0)
     assert fake.live() == []

@@ -267,7 +267,7 @@ def test_a_torn_resume_copy_at_home_is_never_resumed_from(orch_home, ds):
     copy = orch_home / "jobs" / "jh" / f"ckpt-{kept}" / "weights" / "last.pt"
     with open(copy, "r+b") as f:  # the copy at home tears (a full disk, this machine crashing)...
         f.truncate(copy.stat().st_size // 3)
-    run_orch("down", "jh-a1", "--no-pull", check=0)  # ...and the machine goes
+    run_orch("down", "jh-a1", "--no-pull", "--yes", check=0)  # ...and the machine goes
     job = _advance_until("jh", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running")
     second = job["attempts"][1]
     assert second["start_epoch"] == 1, f"the torn copy of epoch {kept} was resumed from: {second}"

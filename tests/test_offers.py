@@ -389,4 +389,4 @@ def test_trial_on_a_cpu_instance_records_a_measurement(orch_home, ledger, tmp_pa
         too_long = run_orch("trial", "cpubox", "--data", data, "--epochs", "3")
         assert too_long.returncode == 2 and "1 or 2 epochs" in too_long.stderr
     finally:
-        run_orch("down", "cpubox", "--no-pull")
+        run_orch("down", "cpubox", "--no-pull", "--yes")

@@ -87,7 +87,7 @@ def test_secrets_never_reach_the_ledger_logs_json_or_a_command_line(orch_home, t
                 assert proc.returncode == 0, outputs[-1]
             on_instances = scan_tree(orch_home / "local", {"HF_TOKEN": hf_token}) + \
                 scan_tree(tmp_path / "runpod", {"HF_TOKEN": hf_token})
-            downs = [orch_proc("down", name, env=env) for name in jobs]
+            downs = [orch_proc("down", name, "--yes", env=env) for name in jobs]
             for proc in downs:
                 outputs.append("".join(proc.communicate(timeout=120)))
                 assert proc.returncode == 0, outputs[-1]

@@ -98,7 +98,7 @@ def test_a_hostile_instance_writes_nothing_outside_its_run_folder_and_blocks_the
         assert not (runs / "weights" / "best.pt").exists(), "an unverified file is never renamed into place"
         assert not list(orch_home.parent.rglob("ESCAPED")) and not Path("/tmp/ABSOLUTE").exists()
         assert not [p for p in runs.rglob("*") if p.is_file() and p.name not in (".orch-pull.json",)]
-        down = run_orch("down", "evil")
+        down = run_orch("down", "evil", "--yes")
         assert down.returncode == 1 and "not destroying" in down.stderr
         assert orch.ledger.get(inst.id).state == "ready"
     finally:

@@ -71,6 +71,6 @@ def complete_instance_names(command) -> None:
     for name, sub in getattr(command, "commands", {}).items():
         if name in INSTANCE_COMMANDS:
             for param in sub.params:
-                if param.name == "name" and param.param_type_name == "argument":
+                if param.name in ("name", "names") and param.param_type_name == "argument":
                     # click's hook for a parameter's completions (what Typer's autocompletion= sets)
                     param._custom_shell_complete = lambda ctx, param, incomplete: instance_names(incomplete)

@@ -64,6 +64,7 @@ def up(
         # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
         auto_cpu = not chose and not caps.gpu and caps.cpu_only
         renter(named).validate(replace(request, cpu=True) if auto_cpu else request)
+        renter(named).require_credentials()  # a create without its key fails halfway: refused before anything
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
         pulled = config.home() / "runs" / name / "weights" / "last.pt"
@@ -139,6 +140,7 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     check_request(name, request)
     if provider is not None:
         refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
+        need_credentials(provider)
     return policy, spec, request
 
 
@@ -156,6 +158,11 @@ def renter(provider: str):
     from orchestrator import config, plugins
 
     return plugins.provider_class(provider)(config.provider_settings(provider), config.home())
+
+
+def need_credentials(provider: str) -> None:
+    """A provider without its key is refused before anything is opened, checked or created."""
+    renter(provider).require_credentials()
 
 
 def refuse_reached(folder, epochs: int) -> None:
@@ -214,13 +221,21 @@ def _summary(inst, as_json: bool, run=None, view=None) -> None:
 def status(
     name: Optional[str] = typer.Argument(None, help="One instance (shows its training run too)."),
     all_: bool = typer.Option(False, "--all", "-a", help="Include destroyed, failed and lost instances."),
+    refresh: bool = typer.Option(False, "--refresh", "-r", help="Ask each provider first (one listing each): "
+                                                              "what a watchdog or a console did shows at once."),
     as_json: bool = typer.Option(False, "--json", help="Stable JSON output (see README)."),
 ):
-    """The fleet from the ledger, or one instance in detail."""
+    """The fleet from the ledger (--refresh: as the providers show it now), or one instance in detail
+    (always asked of its provider)."""
     if name is None:
         from orchestrator import fleet
 
-        fleet.show(all_, as_json)
+        if refresh:
+            from orchestrator.sync import refresh_all
+
+            for provider, why in refresh_all(open_orch()):
+                say(f"orch: warning: {provider} could not be asked ({why}): its instances are as the ledger last saw them")
+        fleet.show(all_, as_json, refreshed=refresh)
         return
     from orchestrator import watchdog
     from orchestrator.views import iso, model_dict
@@ -301,7 +316,7 @@ def _run_view(orch, inst, run) -> dict:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
-    from orchestrator import config, remote
+    from orchestrator import ssh_exec
     from orchestrator.lifecycle import check_name
 
     check_name(name)
@@ -315,16 +330,7 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
         with orch.connect(inst):
             pass
         inst = orch.ledger.get(inst.id)
-    user = remote.check_user(inst.ssh_user or "root")
-    known = orch.home / "known_hosts"
-    known.write_text(f"{remote.host_id(inst.ssh_host, inst.ssh_port)} {inst.host_key}\n")
-    os.chmod(known, 0o600)
-    key, _ = config.ssh_key()
-    argv = ["ssh", "-i", str(key), "-p", str(inst.ssh_port), "-o", f"UserKnownHostsFile=\"{known}\"",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR",
-            "-l", user, "--", inst.ssh_host]
-    if command:
-        argv += command
+    argv = ssh_exec.argv(orch.home, inst.ssh_host, inst.ssh_port, inst.ssh_user, inst.host_key, command or [])
     sys.stdout.flush()
     os.execvp("ssh", argv)
 
@@ -356,14 +362,59 @@ def start(name: str,
 
 
 @app.command()
-def down(name: str, no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
-    """Pull the weights, then destroy the instance and everything on it; billing ends."""
-    from orchestrator import claims
+def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", help="The instances to destroy."),
+         all_: bool = typer.Option(False, "--all", help="Every live instance in the ledger."),
+         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask, also for an instance that is training."),
+         no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
+    """Pull the weights, then destroy the instances and everything on them; billing ends. Asks first
+    when one is training or with --all (without a terminal to ask, --yes is needed)."""
     from orchestrator.lifecycle import check_name
 
-    check_name(name)
+    if all_ == bool(names):
+        raise UsageError("name the instances to destroy, or --all (not both)")
+    for name in names or []:
+        check_name(name)
     orch = open_orch()
-    inst = orch.instance(name)
+    targets = orch.ledger.instances(live_only=True) if all_ else [orch.instance(n) for n in dict.fromkeys(names)]
+    if not targets:
+        out("no live instance")
+        return
+    training = [i.name for i in targets if _training(orch, i)]
+    if (all_ or training) and not yes:
+        what = ", ".join(f"{i.name}" + (" (TRAINING)" if i.name in training else "") for i in targets)
+        why = (f"{', '.join(training)} {'is' if len(training) == 1 else 'are'} training" if training
+               else f"--all destroys every live instance ({len(targets)})")
+        _confirm(f"destroy {what}{'' if no_pull else ', after pulling their weights'}?", why)
+    failed = []
+    for inst in targets:
+        try:
+            _down(orch, inst, no_pull)
+        except OrchError as e:
+            if len(targets) == 1:
+                raise
+            failed.append(inst.name)
+            say(f"orch: error: {inst.name}: {e}")
+    if failed:
+        raise OrchError(f"not destroyed: {', '.join(failed)} (see above)")
+
+
+def _training(orch, inst) -> bool:
+    """Whether the ledger last saw a training running there (no SSH: a refusal must be quick)."""
+    run = orch.ledger.latest_run(inst.id)
+    return run is not None and run.state == "running"
+
+
+def _confirm(question: str, why: str) -> None:
+    """Ask on the terminal; without one (a script, a pipe, CI) refuse rather than guess."""
+    if not sys.stdin.isatty():
+        raise UsageError(f"{why}: add --yes to destroy without asking (no terminal to ask on)")
+    if not typer.confirm(question, default=False, err=True):
+        raise UsageError("nothing destroyed")
+
+
+def _down(orch, inst, no_pull: bool) -> None:
+    from orchestrator import claims
+
     with claims.hold(orch.ledger, inst.name):  # nobody else pulls or moves it between the pull and the destroy
         inst = orch.ledger.get(inst.id)
         run = orch.ledger.latest_run(inst.id)
@@ -421,6 +472,10 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
     orch = open_orch()
     inst = orch.instance(name)
+    run = orch.ledger.latest_run(inst.id)
+    if run is None:  # an empty answer would read as "the training printed nothing"
+        raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
+                         "starts one)")
     with orch.connect(inst) as c:
         log = host.workdir(c) + "/train.log"
         if not follow:

@@ -91,11 +91,19 @@ def run(
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     for p in providers:
-        instances.renter(p)  # an unknown provider, or one whose settings are wrong, before anything is opened
+        instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
+    if _cpu_by_default(providers, options):
+        # As `orch up` does on a laptop: no key to rent a GPU anywhere and none here, a CPU instance
+        # on the default provider rather than a failed search for GPU offers.
+        request = replace(request, cpu=True)
+        say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
+            f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
     if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
-        instances.renter(providers[0] if providers else plugins.default_provider()).validate(request)
+        first = instances.renter(providers[0] if providers else plugins.default_provider())
+        first.validate(request)
+        first.require_credentials()
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
@@ -130,6 +138,8 @@ def run(
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images,
                       max_price=max_price)
     t0 = time.monotonic()
+    if not request.cpu and not request.offer:
+        say(f"plan: asking {', '.join(providers) if providers else 'every provider with a key'} for live offers")
     choice = jobs.plan(orch, js)
     jobs.check_plan(choice, max_cost)
     say(f"plan: {choice.line}")
@@ -153,6 +163,23 @@ def run(
     _show(orch, job, as_json)
     if job.state == jobs.FAILED:
         sys.exit(1)
+
+
+def _cpu_by_default(providers: list[str], options: dict) -> bool:
+    """No choice made (no --provider, --gpu, --gpus, --cpu or --offer), the default provider has no
+    GPU here but runs CPU instances, and no other provider has a key: nothing to rank."""
+    from orchestrator import config, plugins
+
+    if providers or options["gpu"] is not None or options["cpu"] or options["gpus"] != 1 or options["offer"]:
+        return False
+    default = plugins.default_provider()
+    local = plugins.provider_class(default)(config.provider_settings(default))
+    if local.capabilities.gpu or not local.capabilities.cpu_only:
+        return False
+    for name, cls in plugins.providers().items():
+        if name != default and cls(config.provider_settings(name)).configured():
+            return False
+    return True
 
 
 def _signature() -> inspect.Signature:

@@ -2,7 +2,8 @@
 
 ``orch status`` without a name, the command people run most (often in a loop), is answered by
 ``fleet`` with the standard library alone when it can be, and ``orch cost`` and ``orch reap
---dry-run`` (read-only reports over the whole fleet) without Typer; everything else goes to the Typer app,
+--dry-run`` (read-only reports over the whole fleet) without Typer, and ``orch ssh NAME [-- CMD]`` by
+``ssh_exec`` (ssh exec'd from the ledger's row); everything else goes to the Typer app,
 with every command module imported here, and one error boundary: orch's own errors are one line
 and their exit code, anything else a one-line "internal error".
 """
@@ -48,6 +49,10 @@ def main() -> None:
             return
         except Exception:  # noqa: BLE001 - whatever it was, the full CLI says it properly (one line, its exit code)
             pass
+    if args[:1] == ["ssh"]:
+        from orchestrator import ssh_exec
+
+        ssh_exec.fast(args)  # execs ssh, or returns when the full CLI must answer
     run()
 
 

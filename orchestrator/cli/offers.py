@@ -103,6 +103,8 @@ def offers(
     answer = o.search(orch, query, job, fresh=fresh)
     for name, error in answer.errors:
         print(f"orch: {name}: {error}", file=sys.stderr)
+    for name, why in answer.skipped:
+        say(f"skipped {name}: {why}")
     if answer.cached:
         ages = ", ".join(f"{n} {age:.0f} s old" for n, age in sorted(answer.cached.items()))
         say(f"cached answers: {ages} (--fresh asks again)")
@@ -112,6 +114,7 @@ def offers(
                               "data": data, "dataset_gb": dataset_gb},
                     "offers": [r.to_dict() for r in answer.rows],
                     "errors": [{"provider": n, "error": e} for n, e in answer.errors],
+                    "skipped": [{"provider": n, "why": w} for n, w in answer.skipped],
                     "partial": answer.partial,
                     "throughput_source": gpu_table.THROUGHPUT_SOURCE if answer.used_table else None})
     else:
@@ -122,6 +125,8 @@ def offers(
         if not answer.asked:
             raise OrchError("no provider answered")
         sys.exit(PARTIAL)
+    if not answer.asked:  # nothing failed, yet nobody could be asked: no keys (each skipped one is named above)
+        raise OrchError("no provider could be asked for offers: add a provider's key (see `orch check`)")
 
 
 def _mode(spot: bool, on_demand: bool, both: bool) -> str:
@@ -136,7 +141,7 @@ def _money(x: float | None, digits: int = 4) -> str:
 
 def _table(answer, mode: str, disk: int, with_job: bool) -> None:
     if not answer.rows:
-        print("no offer matches" + (f" (asked: {', '.join(answer.asked)})" if answer.asked else ""))
+        print("no offer matches" + (f" (asked: {', '.join(answer.asked)})" if answer.asked else " (no provider asked)"))
         return
     head = ["PROVIDER", "GPU", "VRAM", "$/HR", "SPOT $/HR", "DISK $/GB-MO", "STOPPED $/HR", "RELIAB", "WHERE", "OFFER"]
     if with_job:

@@ -5,7 +5,57 @@ which is the only way to pass a device list or callbacks, under the ``__main__``
 per-GPU workers need when they re-import this file.
 """
 import json
+import os
 import sys
+
+LIBREYOLO_WORKERS = 8  # LibreYOLO's default number of data-loading workers
+
+
+def usable_cpus():
+    """The CPUs this process may run on: its affinity, and under a cgroup v2 CPU quota (a container
+    limited with --cpus, as pods are) that quota, rounded up. os.cpu_count() is the host's count."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def loader_workers(cpus, devices, on_cpu):
+    """Data-loading workers for this host: its CPUs shared among the devices, one left to the
+    training itself when it computes on the CPU, at most LibreYOLO's default. Eight workers on a
+    2-CPU host only fight the training for the same cores."""
+    share = cpus // max(devices, 1) - (1 if on_cpu else 0)
+    return max(0, min(LIBREYOLO_WORKERS, share))
+
+
+def with_workers(spec, cpus=None):
+    """The spec with ``workers`` sized to this host, unless the user set it (--train-arg workers=N)."""
+    cpus = usable_cpus() if cpus is None else cpus
+    if spec.get("mode") == "api":
+        kwargs = spec["kwargs"]
+        if "workers" not in kwargs:
+            device = str(kwargs.get("device", ""))
+            kwargs["workers"] = loader_workers(cpus, len(device.split(",")), device == "cpu")
+        return spec
+    argv = spec["argv"]
+    if not any(a.startswith("workers=") for a in argv):
+        device = next((a.split("=", 1)[1] for a in argv if a.startswith("device=")), "")
+        argv.append(f"workers={loader_workers(cpus, len(device.split(',')), device == 'cpu')}")
+    return spec
+
+
+def workers_of(spec):
+    if spec.get("mode") == "api":
+        return spec["kwargs"]["workers"]
+    return next(a.split("=", 1)[1] for a in spec["argv"] if a.startswith("workers="))
 
 
 def cli(argv):
@@ -51,5 +101,6 @@ def api(spec):
 
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
-        spec = json.load(f)
+        spec = with_workers(json.load(f))
+    print(f"orch: {usable_cpus()} CPU(s) here, {workers_of(spec)} data-loading worker(s)", flush=True)
     sys.exit(api(spec) if spec.get("mode") == "api" else cli(spec["argv"]))

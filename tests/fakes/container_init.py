@@ -50,6 +50,16 @@ def runtime(cfg):
     for hidden in cfg.get("hide", []):
         if os.path.isdir(root + hidden):
             sh("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", root + hidden)
+    # The image's Python where this machine keeps it under a hidden folder (a checkout and its .venv
+    # under /tmp): shown through an overlay of its own, so what the container writes there lands on
+    # its own disk, as everything else it writes, never in the real folder.
+    for n, path in enumerate(cfg.get("keep", [])):
+        os.makedirs(root + path, exist_ok=True)
+        layer, scratch = f"{upper}-keep{n}", f"{work}-keep{n}"
+        os.makedirs(layer, exist_ok=True)
+        os.makedirs(scratch, exist_ok=True)
+        sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={path},upperdir={layer},workdir={scratch}",
+           root + path)
     return root
 
 

@@ -142,6 +142,23 @@ def command_lines():
                 yield int(entry.name), raw
 
 
+# Where container_init mounts an empty tmpfs over this machine's folders: the image shows none of them.
+HIDDEN = ("/tmp", "/run", "/dev/shm")
+
+
+def image_python_root(python: str | None) -> str | None:
+    """The folder the image's Python lives in (a virtual environment's, else the interpreter's
+    prefix), when a container would hide it: a checkout and its .venv under /tmp."""
+    if not python:
+        return None
+    exe = Path(python).absolute()
+    venv = exe.parent.parent
+    root = venv if (venv / "pyvenv.cfg").is_file() else Path(os.path.realpath(exe)).parent.parent
+    hidden = any(str(p) == h or str(p).startswith(h + "/") for p in (root, Path(os.path.realpath(root)))
+                 for h in HIDDEN)
+    return str(root) if hidden else None
+
+
 def image_files(python: str | None, bashrc_tail: str = "") -> dict[str, dict]:
     """The files an Ubuntu image has where orch will look: root's dotfiles and ``python3``."""
     files = {"/root/.bashrc": {"text": UBUNTU_BASHRC + bashrc_tail}, "/root/.profile": {"text": UBUNTU_PROFILE}}
@@ -179,6 +196,7 @@ class Host:
         self.keep_container_disk = keep_container_disk
         self.new_host_keys_each_boot = new_host_keys_each_boot
         self.files = image_files(python, bashrc_tail)
+        self.keep = [p for p in (image_python_root(python),) if p]  # shown inside the container as they are
         if login_shell != "/bin/bash":  # an image whose root logs in to another shell (zsh, dash)
             self.files["/etc/passwd"] = {"text": _passwd_with_shell(login_shell)}
         self.env_file = env_file
@@ -219,7 +237,7 @@ class Host:
             cfg = {"rootfs": str(self.state / "rootfs"), "upper": str(self.upper / "upper"),
                    "work": str(self.upper / "work"), "volume": str(self.volume) if self.mount_path else None,
                    "mount_path": self.mount_path, "files": files, "env_file": self.env_file,
-                   "new_host_keys_each_boot": self.new_host_keys_each_boot}
+                   "new_host_keys_each_boot": self.new_host_keys_each_boot, "keep": self.keep}
             (self.state / "boot.json").write_text(json.dumps(cfg))
             env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                    **self.env}
