@@ -184,7 +184,8 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         if inst.provider_id and provider.get(inst.provider_id).status.value != "gone":
             raise OrchError(f"{provider.name} still shows {inst.provider_id}")
         if first is not None:
-            raise OrchError(f"the destroy failed ({_why(first)}); a second try destroyed it, confirmed gone")
+            # The outcome first: the first failure's reason can be long, and a reason is cut at 300 characters.
+            raise OrchError(f"a second try destroyed it, confirmed gone; the first destroy failed ({_why(first)})")
         return "destroyed, confirmed gone"
 
     try:
