@@ -210,11 +210,12 @@ def test_a_pass_takes_about_its_slowest_look_not_all_of_them(orch_home, ledger):
 
 def test_offers_without_a_job_make_no_ledger(orch_home):
     """A question about prices opens no ledger (it used to build the whole ledger stack first)."""
+    # No GPU here and no key: no provider can be asked, which is an error (exit 1), never an empty list.
     done = run_orch("offers", "--gpu", "H100", "--provider", "local")
-    assert done.returncode in (0, 3), done.stderr
+    assert done.returncode in (0, 1, 3) and "Traceback" not in done.stderr, done.stderr
     assert not (orch_home / "ledger.db").exists()
     priced = run_orch("offers", "--gpu", "H100", "--provider", "local", "--epochs", "3", "--dataset-gb", "1")
-    assert priced.returncode in (0, 3), priced.stderr
+    assert priced.returncode in (0, 1, 3) and "Traceback" not in priced.stderr, priced.stderr
     assert (orch_home / "ledger.db").exists()  # a job's estimate reads the epoch times measured before
 
 
