@@ -73,6 +73,7 @@ INTERRUPTED, STOPPED_BY_JOB = "interrupted", "cancelled"
 
 MAX_RETRIES = 20
 MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
+MAX_GROUP_JOB_NAME = 33  # a group attempt's nodes are NAME-aK-R: 40 characters at most (K <= 21, R <= 63)
 UNREACHABLE_MINUTES = 10.0  # job_unreachable_minutes in config.toml
 REAPER_EVERY_S = 300.0  # the reaper's interval when no schedule is installed (`orch reaper install`'s default)
 IDLE_PASSES = 3  # a job's instance idles at least this many reaper intervals before it may be ended

@@ -137,6 +137,10 @@ class RunPodProvider(Provider):
     capabilities = Capabilities(stop=True, spot=False, cpu_only=True, gpu=True, self_stop=True,
                                 self_destroy=True, new_host_key_on_start=True)
     env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
+    # Pods share no private network; RunPod's multi-node offer is Instant Clusters, another API
+    # (a `createCluster` GraphQL object; shared/reference/multinode.md).
+    groups_refused = ("its pods have no private network between them; RunPod's Instant Clusters are another API, "
+                      "which orch does not drive: use aws, lambda or local")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)

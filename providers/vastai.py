@@ -89,6 +89,10 @@ class VastAIProvider(Provider):
     capabilities = Capabilities(stop=True, spot=True, cpu_only=False, gpu=True, self_stop=True,
                                 self_destroy=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
+    # Marketplace instances sit on unrelated hosts with no private network between them (neither
+    # SkyPilot nor dstack runs multi-node there; shared/reference/multinode.md).
+    groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them: "
+                      "use aws, lambda or local")
 
 
 

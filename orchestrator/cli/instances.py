@@ -46,6 +46,8 @@ def up(
     on_idle: Optional[str] = typer.Option(None, help="auto (break-even decides), stop or destroy."),
     rebuild_cost: Optional[float] = typer.Option(None, help="$ to rebuild this instance (for stop vs destroy)."),
     cheapest: bool = typer.Option(False, "--cheapest", help="Launch the offer that is cheapest per job (or per hour)."),
+    nodes: int = typer.Option(1, "--nodes", help="Machines: N > 1 rents a group NAME (nodes NAME-0 .. NAME-N-1) "
+                                                 "that trains under torchrun, all or nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
@@ -55,7 +57,15 @@ def up(
         name, provider=provider, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer,
         ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
-        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
+        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost, nodes=nodes)
+    if nodes > 1:
+        from orchestrator.cli import groups
+
+        if cheapest:
+            raise UsageError("--cheapest picks one machine: a group names its --provider (and --gpu)")
+        groups.up(name, provider, request, nodes, spec=spec, policy=policy, disk_given=disk is not None,
+                  ssh_timeout=ssh_timeout, wait=wait, as_json=as_json)
+        return
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
     orch = open_orch()
@@ -98,7 +108,7 @@ def up(
 
 def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,
                      epochs, imgsz, batch, save_period, train_arg, push_to, resume, idle_minutes, max_hours, on_idle,
-                     rebuild_cost, need_data: bool = False):
+                     rebuild_cost, need_data: bool = False, nodes: int = 1):
     """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
     training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
     options (``need_data``: training is what it is for) and checks them here too."""
@@ -130,7 +140,35 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
         cls = plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
         if spot and not cls.capabilities.spot:
             raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+    check_group_options(name, nodes, spec, request, provider, resume=resume, job=need_data)
     return policy, spec, request
+
+
+def check_group_options(name, nodes, spec, request, provider, resume: bool = False, job: bool = False):
+    """--nodes N: its size, the names of its nodes, the global batch against the world size, and
+    the provider's own word that it can rent a group, all before anything is opened. ``job``:
+    `orch run` checks its names (NAME-aK) and its providers (a list) itself."""
+    from orchestrator import groups, plugins
+
+    groups.check_nodes(nodes)
+    if nodes == 1:
+        return
+    if spec is not None:
+        per_node = 1 if request.cpu else request.gpus
+        groups.check_batch(spec.batch, nodes, per_node, 16 if request.cpu else None)
+    if job:
+        return
+    groups.check_name(name, nodes)
+    if resume:
+        raise UsageError("--resume on a group: `orch run NAME --nodes N --resume` resumes it on every node")
+    groups.check_provider(provider_for_check(provider or plugins.default_provider()), nodes, request)
+
+
+def provider_for_check(name: str):
+    """A provider object to ask what it can do; nothing is opened or created by making one."""
+    from orchestrator import config, plugins
+
+    return plugins.provider_class(name)(config.provider_settings(name), config.home())
 
 
 def refuse_reached(folder, epochs: int) -> None:
@@ -198,8 +236,11 @@ def status(
         fleet.show(all_, as_json)
         return
     from orchestrator import watchdog
+    from orchestrator.cli import groups
     from orchestrator.views import iso, model_dict
 
+    if groups.status(name, as_json):
+        return
     orch = open_orch()
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
@@ -274,12 +315,13 @@ def _run_view(orch, inst, run) -> dict:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
+def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None),
+        node: Optional[int] = typer.Option(None, "--node", help="A group's node, by rank (default 0, the head).")):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
-    from orchestrator import config, remote
+    from orchestrator import config, groups, remote
 
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = groups.resolve(orch, name, node)
     if not inst.ssh_host:
         raise UsageError(f"{name} has no SSH endpoint yet ({inst.state})")
     if not inst.host_key:
@@ -307,9 +349,13 @@ def stop(name: str):
     """Stop the instance: compute stops billing, the disk is kept (and may still bill)."""
     from orchestrator.lifecycle import check_name
 
+    from orchestrator import groups
+
     check_name(name)
     orch = open_orch()
-    inst = orch.stop(orch.instance(name))
+    inst = orch.instance(name)
+    groups.refuse_alone(inst, "stopped")
+    inst = orch.stop(inst)
     out(f"{inst.name}: {inst.state} (disk kept, ${inst.stopped_price_hr:.4f}/hr while stopped)")
 
 
@@ -323,8 +369,12 @@ def start(name: str,
     check_name(name)
     if timeout is not None and not 0 < timeout <= 24 * 60:
         raise UsageError(f"--timeout must be minutes above 0 and at most 1440, not {timeout}")
+    from orchestrator import groups
+
     orch = open_orch()
-    inst = orch.start(orch.instance(name), timeout=timeout * 60 if timeout is not None else None)
+    inst = orch.instance(name)
+    groups.refuse_alone(inst, "started")
+    inst = orch.start(inst, timeout=timeout * 60 if timeout is not None else None)
     out(f"{inst.name}: {inst.state} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
 
@@ -334,9 +384,15 @@ def down(name: str, no_pull: bool = typer.Option(False, "--no-pull", help="Destr
     from orchestrator import claims
     from orchestrator.lifecycle import check_name
 
+    from orchestrator import groups
+    from orchestrator.cli import groups as group_commands
+
     check_name(name)
     orch = open_orch()
+    if group_commands.down(orch, name, no_pull):
+        return
     inst = orch.instance(name)
+    groups.refuse_alone(inst, "destroyed")
     with claims.hold(orch.ledger, inst.name):  # nobody else pulls or moves it between the pull and the destroy
         inst = orch.ledger.get(inst.id)
         run = orch.ledger.latest_run(inst.id)

@@ -63,6 +63,9 @@ def run(
         plugins.provider_class(p)
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
+    nodes = options["nodes"]
+    if nodes > 1:
+        providers = _group_providers(name, nodes, providers, request)
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
@@ -113,6 +116,27 @@ def run(
     _show(orch, job, as_json)
     if job.state == jobs.FAILED:
         sys.exit(1)
+
+
+def _group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
+    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
+    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
+    from orchestrator import groups, jobs, plugins
+
+    longest = jobs.MAX_GROUP_JOB_NAME
+    if len(name) > longest:
+        raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "
+                         f"NAME-a1-0, NAME-a1-1, ...), not {len(name)}")
+    if request.cpu and not providers:
+        providers = [plugins.default_provider()]
+    if providers:
+        for p in providers:
+            groups.check_provider(instances.provider_for_check(p), nodes, request)
+        return providers
+    able = [p for p in plugins.providers() if instances.provider_for_check(p).capabilities.groups]
+    if not able:
+        raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
+    return able
 
 
 def _signature() -> inspect.Signature:

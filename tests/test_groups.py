@@ -1,0 +1,130 @@
+"""`--nodes N`: a group of local instances brought up together, all or nothing, shown and ended as one."""
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import run_orch
+
+
+def _leftovers(home):
+    """What would still bill: local instances on disk, live rows in the ledger."""
+    from orchestrator.lifecycle import Orch
+
+    root = home / "local"
+    dirs = sorted(p.name for p in root.iterdir()) if root.exists() else []
+    return dirs, [i.name for i in Orch.open(say=lambda m: None).ledger.instances(live_only=True)]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nodes", "0", "--cpu"], "--nodes must be between 1 and 64, not 0"),
+    (["--nodes", "1000", "--cpu"], "--nodes must be between 1 and 64, not 1000"),
+    (["--nodes", "2", "--provider", "runpod", "--cpu"], "runpod cannot rent a group"),
+    (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group"),
+    (["--nodes", "3", "--cpu", "--data", "DS", "--batch", "4"], "--batch 4 does not divide by the world size 3"),
+    (["--nodes", "2", "--gpus", "2", "--provider", "local", "--data", "DS"], "give --batch"),
+])
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_path, args, says, command):
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
+    args = [str(ds) if a == "DS" else a for a in args]
+    if command == "run" and "--data" not in args:
+        args += ["--data", str(ds)]
+    p = run_orch(command, "g", *args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], p.stderr
+    assert not orch_home.exists(), "nothing created: no ledger, no instance, no home"
+
+
+def test_runpod_and_vastai_refuse_a_group_before_any_api_call(orch_home, monkeypatch):
+    """Their APIs point at a port where nothing listens (conftest): a refusal that asked them first
+    would say so; it names what the provider lacks instead."""
+    monkeypatch.setenv("RUNPOD_API_KEY", "k")
+    monkeypatch.setenv("VAST_API_KEY", "k")
+    for provider in ("runpod", "vastai"):
+        p = run_orch("up", "g", "--nodes", "2", "--provider", provider, "--gpu", "RTX 4090")
+        assert p.returncode == 2 and "no private network" in p.stderr, p.stderr
+    assert not orch_home.exists()
+
+
+def test_a_local_group_comes_up_together_is_shown_as_one_and_goes_down_as_one(orch_home):
+    t0 = time.monotonic()
+    up = run_orch("up", "pair", "--nodes", "2", "--cpu", "--json", check=0)
+    took = time.monotonic() - t0
+    group = json.loads(up.stdout)
+    assert group["group"] == "pair" and [n["name"] for n in group["nodes"]] == ["pair-0", "pair-1"]
+    assert {n["state"] for n in group["nodes"]} == {"ready"}
+    assert [n["node_rank"] for n in group["nodes"]] == [0, 1] and {n["group_size"] for n in group["nodes"]} == {2}
+    ips = [n["private_ip"] for n in group["nodes"]]
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") for ip in ips), "each node its own loopback address"
+    # In parallel: both nodes were renting before either was ready.
+    lines = up.stderr.splitlines()
+    first_ready = min(i for i, line in enumerate(lines) if "[4/4]" in line)
+    assert sum("[1/4] renting" in line for line in lines[:first_ready]) == 2, up.stderr
+    assert took < 600
+
+    fleet = run_orch("status", check=0).stdout
+    rows = fleet.splitlines()
+    head = next(i for i, r in enumerate(rows) if r.startswith("pair "))
+    assert "2 nodes" in rows[head] and "pair-0 (rank 0)" in rows[head + 1] and "pair-1 (rank 1)" in rows[head + 2]
+    shown = run_orch("status", "pair", check=0).stdout
+    assert "node 0" in shown and "node 1" in shown and ips[1] in shown
+
+    # Each node is a machine of its own: its own instance id, the other reachable at its private address.
+    one = run_orch("ssh", "pair", "--node", "1", "--", "echo $ORCH_INSTANCE_ID", check=0).stdout.strip()
+    zero = run_orch("ssh", "pair", "--", "echo $ORCH_INSTANCE_ID", check=0).stdout.strip()
+    assert one and zero and one != zero and zero in group["nodes"][0]["provider_id"]
+    assert one in group["nodes"][1]["provider_id"]
+    assert run_orch("ssh", "pair", "--node", "2").returncode == 2
+
+    # No node alone: stop, start, down of a node (or of the group as if it were one machine) refused.
+    for verb, target in (("stop", "pair"), ("down", "pair-1"), ("stop", "pair-0")):
+        p = run_orch(verb, target)
+        assert p.returncode == 2 and "orch down pair" in p.stderr, p.stderr
+    assert "ready" in run_orch("status", "pair-1", check=0).stdout
+
+    down = run_orch("down", "pair", check=0).stdout
+    assert "pair-0 destroyed" in down and "pair-1 destroyed" in down
+    assert _leftovers(orch_home) == ([], [])
+
+
+def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
+    """Node 1 meets a capacity error at its create; node 0, already up, is destroyed: nothing bills."""
+    from orchestrator import groups, plugins, states
+    from orchestrator.errors import NoCapacity, OrchError
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+    from providers.local import LocalProvider
+
+    class Scarce(LocalProvider):
+        name = "scarce"
+
+        def create(self, request, label, public_key):
+            if request.node_rank == 1:
+                time.sleep(1)  # node 0 is on its way meanwhile
+                raise NoCapacity("no capacity for a second machine")
+            return super().create(request, label, public_key)
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(Scarce)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        orch = Orch.open(say=lambda m: None)
+        with pytest.raises(OrchError) as err:
+            groups.up(orch, "short", "scarce", Request(name="short", cpu=True), 2)
+        assert "node 1 of 2" in str(err.value) and "nothing of the group bills" in str(err.value)
+        rows = {i.name: i for i in orch.ledger.instances()}
+        assert rows["short-1"].state == states.FAILED
+        assert rows["short-0"].state == states.DESTROYED, "the node that came up is given back"
+        assert not any((orch_home / "local").iterdir())
+    finally:
+        plugins.manager().unregister(plugin)
