@@ -35,6 +35,8 @@ class Cost:
     total_usd: float = 0.0
     idle_hours: float = 0.0
     idle_usd: float = 0.0
+    group_name: str | None = None  # a node of a group (`--nodes N`), and its rank
+    node_rank: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +63,9 @@ def _overlap(a0, a1, b0, b1) -> float:
 def instance_cost(inst, events, runs, since: datetime | None = None, until: datetime | None = None) -> Cost:
     until = _utc(until or datetime.now(timezone.utc))
     since = _utc(since) if since else datetime.min.replace(tzinfo=timezone.utc)
-    c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr)
+    c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr,
+             group_name=inst.group_name if (inst.group_size or 1) > 1 else None,
+             node_rank=inst.node_rank if (inst.group_size or 1) > 1 else None)
     spans = intervals(events, until)
     starts = sorted(_utc(r.started_at) for r in runs)
     waste_windows = []
@@ -87,8 +91,9 @@ def instance_cost(inst, events, runs, since: datetime | None = None, until: date
 
 def report(ledger, name: str | None = None, since: datetime | None = None,
            until: datetime | None = None) -> tuple[list[Cost], dict[str, dict[str, float]]]:
-    """Every instance's cost (those named ``name``, if given) and the totals per provider."""
-    insts = [i for i in ledger.instances() if name is None or i.name == name]
+    """Every instance's cost (those named ``name``, or the nodes of the group ``name``, if given)
+    and the totals per provider."""
+    insts = [i for i in ledger.instances() if name is None or name in (i.name, i.group_name)]
     if name is not None and not insts:
         raise UsageError(f"no instance named {name!r} in the ledger")
     runs_by = {}
@@ -106,6 +111,20 @@ def report(ledger, name: str | None = None, since: datetime | None = None,
         for k in t:
             t[k] += getattr(c, k)
     return costs, totals
+
+
+def groups(costs: list[Cost]) -> dict[str, dict]:
+    """Each group's total and what each of its nodes cost (a group bills as its nodes together)."""
+    out: dict[str, dict] = {}
+    for c in costs:
+        if c.group_name is None:
+            continue
+        g = out.setdefault(c.group_name, {"provider": c.provider, "total_usd": 0.0, "running_usd": 0.0,
+                                          "stopped_usd": 0.0, "idle_usd": 0.0, "nodes": []})
+        for k in ("total_usd", "running_usd", "stopped_usd", "idle_usd"):
+            g[k] += getattr(c, k)
+        g["nodes"].append({"name": c.name, "node_rank": c.node_rank, "total_usd": c.total_usd})
+    return out
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:

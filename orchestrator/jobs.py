@@ -241,6 +241,8 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     if req.cpu or req.offer:
         provider = (js.providers or [None])[0] or plugins.default_provider()
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
+        if js.nodes > 1:
+            what = f"a group of {js.nodes} x {what}"
         return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)")
     mode = "spot" if req.spot else "on-demand"
     job = offers.Job(model=spec.model, epochs=spec.epochs, data=spec.data, data_bytes=spec.data_bytes,
@@ -250,6 +252,9 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
     rows = [r for r in answer.rows if f"{r.offer.provider}/{r.offer.offer_id}" not in (avoid or set())]
+    if js.nodes > 1:  # the group's prices (N machines) and its assumed speedup, stated in the line
+        rows = offers.for_nodes(rows, js.nodes, offers.check_scaling(config.get("node_scaling",
+                                                                                offers.NODE_EFFICIENCY)))
     if not rows:
         raise NoCapacity(f"no {mode} offer for {req.gpus}x {req.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}"
@@ -263,6 +268,8 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     hours = best.hours * left / spec.epochs if best.hours is not None else None
     usd = hours * price if hours is not None and price is not None else None
     line = offers.describe(best, mode) + (f", bid {bid:.3f}" if spot and bid else "")
+    if js.nodes > 1:
+        line = f"{js.nodes} nodes of: {line}"
     if left != spec.epochs and usd is not None:
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
     chosen = replace(req, gpu=best.offer.gpu_name, gpus=best.offer.gpus, offer=best.offer.offer_id, bid=bid)
@@ -469,7 +476,7 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         else:
             marks["run"] = training.launch(orch, inst, spec)
 
-    policy = attempt_policy(orch, job, js, choice.price_hr * js.nodes if choice.price_hr else None)
+    policy = attempt_policy(orch, job, js, choice.price_hr)  # a group's price: every node's (``plan``)
     try:
         if js.nodes > 1:
             from orchestrator import groups
@@ -764,14 +771,16 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     state = view["state"]
     if state == "completed":
         return _finish(orch, job, attempt, inst, run, view)
+    from orchestrator import group_jobs
+
+    # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
+    # crash for want of it: the lost node is the cause worth recording).
+    gone = group_jobs.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
+    if gone:
+        return _lost(orch, job, js, attempt, inst, run, gone)
     if state in ("failed", "crashed"):
         return _lost(orch, job, js, attempt, inst, run, f"training {state}" + (f": {view['error']}" if view.get("error")
                                                                                else ""))
-    from orchestrator import group_jobs
-
-    gone = group_jobs.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
-    if gone:  # any node of a group lost ends the attempt: the head alone would wait for it for hours
-        return _lost(orch, job, js, attempt, inst, run, gone)
     _progress(orch, job, inst, run, view)
     job = orch.ledger.get_job(job.id)
     over = _over_cap(orch, job, inst)

@@ -88,14 +88,15 @@ def free_port(c, address: str) -> int:
 
 @task
 def stop_training(c, pid: int | None, timeout: float = 20) -> None:
-    """End a training (its launcher and every worker: the whole session ``setsid`` gave it): TERM,
-    then KILL after ``timeout`` seconds."""
+    """End a training: the launcher, its session (``setsid`` gave it one) and its children (torchrun
+    starts each worker in a session of its own): TERM, then KILL after ``timeout`` seconds."""
     if not pid:
         return
     p = int(pid)
-    remote.run(c, f"kill -TERM -- -{p} 2>/dev/null; kill -TERM {p} 2>/dev/null; "
-                  f"for i in $(seq {int(timeout * 5)}); do kill -0 {p} 2>/dev/null || exit 0; sleep 0.2; done; "
-                  f"kill -KILL -- -{p} 2>/dev/null; kill -KILL {p} 2>/dev/null; true", check=False)
+    kids = f"$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$4 == {p} {{print $1}}')"  # no pkill needed
+    remote.run(c, f"k={kids}; kill -TERM -- -{p} 2>/dev/null; kill -TERM {p} $k 2>/dev/null; "
+                  f"for i in $(seq {int(timeout * 5)}); do kill -0 {p} $k 2>/dev/null || exit 0; sleep 0.2; done; "
+                  f"kill -KILL -- -{p} 2>/dev/null; kill -KILL {p} $k 2>/dev/null; true", check=False)
 
 
 @task

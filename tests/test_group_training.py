@@ -12,6 +12,21 @@ pytestmark = [needs_torch, pytest.mark.training]
 TRAIN = ["--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0", "--model", "yolo9-t"]
 
 
+def training_pids(instance_id: str) -> list[int]:
+    """torchrun and its workers on a local instance (every process running train_entry.py)."""
+    from providers.local import instance_pids
+
+    found = []
+    for pid in instance_pids(instance_id):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"train_entry.py" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def torchrun_pids(instance_id: str) -> list[int]:
     """The torchrun launchers running on a local instance (its processes carry its id)."""
     from providers.local import instance_pids
@@ -69,3 +84,97 @@ def test_two_nodes_train_one_run_under_torchrun_and_rank_0_brings_the_weights_ho
     from providers.local import instance_pids
 
     assert not any(instance_pids(i) for i in ids), "no process of either node is left"
+
+
+def _kill_node(home, instance_name: str) -> None:
+    """A lost machine: SIGKILL to its sshd and every process it runs, as a host that vanished."""
+    import os
+    import signal
+
+    from providers.local import instance_pids, sshd_pid
+
+    folder = next(p for p in (home / "local").iterdir() if p.name.endswith(f"-{instance_name}"))
+    iid = folder.name.split("-")[1]
+    for pid in [sshd_pid(folder), *instance_pids(iid)]:
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _freeze_group(names, at_least: int, patience: float = 300.0):
+    """Pause every node's training (torchrun and its workers: the session setsid gave it) once
+    rank 0's last.pt is whole at epoch ``at_least``, so what follows meets a known state however
+    fast this machine trains; returns what resumes them."""
+    import os
+    import signal
+
+    from tests.test_jobs import _run_root, _trained, checkpoint
+    from orchestrator.lifecycle import Orch
+
+    ledger = Orch.open(say=lambda m: None).ledger
+
+    def send(sig):  # torchrun starts its workers in sessions of their own: each process by name
+        for name in names:
+            for pid in training_pids(ledger.by_name(name).id):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    end = time.monotonic() + patience
+    root = None
+    while time.monotonic() < end:
+        root = root or _run_root(names[0])
+        rows, state = _trained(root) if root else (0, None)
+        assert state not in ("completed", "failed"), f"the training ended before epoch {at_least}"
+        if rows >= at_least:
+            send(signal.SIGSTOP)
+            info = checkpoint.check(str(root / "weights" / "last.pt"))
+            if info["loads"] and at_least <= (info["epoch"] or 0) <= _trained(root)[0]:
+                return lambda: send(signal.SIGCONT)
+            send(signal.SIGCONT)
+        time.sleep(0.1)
+    raise AssertionError(f"no whole last.pt of epoch {at_least} to pause at")
+
+
+def test_a_lost_node_ends_the_attempt_and_the_group_resumes_from_the_checkpoint_on_every_node(orch_home, tmp_path):
+    from providers.local import instance_pids
+    from tests.test_jobs import _advance_until, _job, epochs_in, live_instances
+
+    ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
+    epochs = 4
+    run_orch("run", "gj", "--nodes", "2", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
+             check=0)
+    first = _job("gj")
+    assert first["nodes"] == 2 and first["attempts"][0]["instance"] == "gj-a1"
+    resume = _freeze_group(("gj-a1-0", "gj-a1-1"), at_least=1)  # between two epochs, on both nodes
+    job = _advance_until("gj", lambda j: (j["checkpoint_epoch"] or 0) >= 1, timeout=300, every=1)
+    assert job["state"] == "running" and (job["epoch"] or 0) < epochs, "lost before its end"
+    kept = job["checkpoint_epoch"]
+    from orchestrator.lifecycle import Orch
+
+    ledger = Orch.open(say=lambda m: None).ledger
+    old = {n: ledger.by_name(n).id for n in ("gj-a1-0", "gj-a1-1")}
+    _kill_node(orch_home, "gj-a1-1")
+    resume()  # node 0 goes on, and meets its peer gone
+
+    job = _advance_until("gj", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running",
+                         timeout=400, every=2)
+    lost, second = job["attempts"]
+    assert lost["state"] == "lost" and "node 1" in lost["reason"], lost
+    assert second["instance"] == "gj-a2" and second["start_epoch"] == kept + 1, second
+    # The survivor's training was ended and its group destroyed: nothing of attempt 1 runs.
+    assert not any(instance_pids(i) for i in old.values())
+    assert {ledger.get(i).state for i in old.values()} <= {"destroyed", "lost"}
+
+    job = _advance_until("gj", lambda j: j["state"] not in ("running", "recovering"), timeout=600, every=3)
+    assert job["state"] == "completed", job["history"][-5:]
+    folder = orch_home / "runs" / "gj"
+    assert epochs_in(folder / "metrics.jsonl") == list(range(1, epochs + 1)), "metrics cover every epoch"
+    assert json.loads((folder / "status.json").read_text())["start_epoch"] == kept + 1 > 1
+    assert (folder / "weights" / "best.pt").stat().st_size > 0
+    assert job["cost"] >= 0 and len(job["attempts"]) == 2
+    assert live_instances() == []
+    assert not any(instance_pids(i.id) for i in ledger.instances()), "no process of any node is left"

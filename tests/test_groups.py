@@ -6,6 +6,7 @@ import time
 import pytest
 
 from tests.conftest import run_orch
+from tests.test_offers import fakes  # noqa: F401  (the fake RunPod and Vast.ai APIs)
 
 
 def _leftovers(home):
@@ -128,3 +129,25 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
         assert not any((orch_home / "local").iterdir())
     finally:
         plugins.manager().unregister(plugin)
+
+
+def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # noqa: F811
+    """The same live rows, priced for 2 machines: every $/hr doubled, the hours divided by the stated
+    speedup (1 + e); providers that cannot rent a group are left out of `orch offers --nodes`."""
+    from orchestrator import offers
+    from tests.test_offers import search
+
+    job = offers.Job(model="yolo9-t", epochs=10, data="hf://acme/birds/birds.tar", data_bytes=10**9)
+    one = search(gpu="RTX 4090", job=job).rows
+    two = offers.for_nodes(one, 2, 0.7)
+    assert one and len(two) == len(one)
+    for a, b in zip(one, two):
+        assert b.price_hr == pytest.approx(2 * a.price_hr)
+        assert b.hours == pytest.approx(a.hours / 1.7)
+        assert b.job_usd(False) == pytest.approx(a.job_usd(False) * 2 / 1.7)
+        assert "2 nodes at 70% scaling per added node (assumed" in b.estimate.detail
+    shown = run_orch("offers", "--nodes", "2", "--scaling", "0.7", "--gpu", "RTX 4090")
+    assert "left out: runpod, vastai (cannot rent a group" in shown.stderr, shown.stderr
+    assert "70%" in shown.stdout and "no offer matches" in shown.stdout
+    for bad in (["--nodes", "0"], ["--nodes", "2", "--scaling", "0"], ["--scaling", "0.5"]):
+        assert run_orch("offers", *bad).returncode == 2

@@ -96,7 +96,8 @@ def run(
         images = offers.job_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz).images
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
-                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images)
+                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images,
+                      nodes=nodes)
     t0 = time.monotonic()
     choice = jobs.plan(orch, js)
     jobs.check_plan(choice, max_cost)

@@ -140,7 +140,7 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     rows, totals = costs.report(orch.ledger, name, start)
     if as_json:
         emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                    "providers": totals})
+                    "providers": totals, "groups": costs.groups(rows)})
         return
     from rich.table import Table
 
@@ -158,6 +158,10 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     c.print(t)
     c.print("[dim]running at the price paid at launch, stopped at the disk's rate; idle waste: billed after "
             "the training ended[/]")
+    for group, g in sorted(costs.groups(rows).items()):
+        nodes = ", ".join(f"{n['name']} ${n['total_usd']:.2f}" for n in g["nodes"])
+        c.print(f"group {group:<10} total ${g['total_usd']:.2f} over {len(g['nodes'])} nodes ({nodes})",
+                markup=False)
     for provider, tot in sorted(totals.items()):
         c.print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
                 f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
