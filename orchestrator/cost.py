@@ -63,9 +63,9 @@ def _overlap(a0, a1, b0, b1) -> float:
 def instance_cost(inst, events, runs, since: datetime | None = None, until: datetime | None = None) -> Cost:
     until = _utc(until or datetime.now(timezone.utc))
     since = _utc(since) if since else datetime.min.replace(tzinfo=timezone.utc)
+    grouped = (getattr(inst, "group_size", None) or 1) > 1  # a node of a group (a plain row has no such fields)
     c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr,
-             group_name=inst.group_name if (inst.group_size or 1) > 1 else None,
-             node_rank=inst.node_rank if (inst.group_size or 1) > 1 else None)
+             group_name=inst.group_name if grouped else None, node_rank=inst.node_rank if grouped else None)
     spans = intervals(events, until)
     starts = sorted(_utc(r.started_at) for r in runs)
     waste_windows = []

@@ -40,7 +40,7 @@ def test_a_group_on_aws_shares_a_rule_a_placement_and_is_tagged_by_rank(ec2):  #
     [mine] = [sgs[g] for g in shared if sgs[g].name.startswith("orch-group-")]
     [rule] = mine.ingress_rules
     assert (rule.ip_protocol, rule.from_port, rule.to_port) == ("tcp", 0, 65535)
-    assert [p["GroupId"] for p in rule.source_groups] == [mine.id] and not rule.ip_ranges
+    assert rule.source_group.get("GroupId") == mine.id and not rule.ip_range, "the group's own members, no CIDR"
     [ssh] = [g for g in sgs.values() if g.name == "orch-ssh"]
     assert [(r.ip_protocol, r.from_port, r.to_port) for r in ssh.ingress_rules] == [("tcp", 22, 22)]
     # A cluster placement group for the type (m6i: not a burstable t type), both launched into it.

@@ -151,3 +151,38 @@ def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # 
     assert "70%" in shown.stdout and "no offer matches" in shown.stdout
     for bad in (["--nodes", "0"], ["--nodes", "2", "--scaling", "0"], ["--scaling", "0.5"]):
         assert run_orch("offers", *bad).returncode == 2
+
+
+def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(orch_home, monkeypatch):
+    """Node 0 idle, node 1 training: neither is stopped. Node 1 done: both go in one pass."""
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the controller's reaper alone on duty
+    orch_home.mkdir(parents=True)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 3.6\n")  # 0.001 $/s
+    run_orch("up", "team", "--nodes", "2", "--cpu", "--idle-minutes", "0.01", check=0)
+    # A training on node 1 (a process that runs train_entry.py, as the watchdog's probe counts one).
+    pid = run_orch("ssh", "team", "--node", "1", "--", "setsid python3 -c 'import time; time.sleep(900)' train_entry.py "
+                   "> /dev/null 2>&1 < /dev/null & echo $!", check=0).stdout.strip()
+    assert pid.isdigit()
+    time.sleep(1)
+
+    def reap() -> dict:
+        return {o["name"]: o for o in json.loads(run_orch("reap", "--json", check=0).stdout)}
+
+    first = reap()
+    assert first["team-0"]["action"] == "keep" and "group team is busy" in first["team-0"]["reason"], first
+    assert first["team-1"]["action"] == "keep" and "busy" in first["team-1"]["reason"], first
+
+    run_orch("ssh", "team", "--node", "1", "--", f"kill {pid}", check=0)  # this one process, by its id
+    time.sleep(1)
+    second = reap()
+    assert second["team-0"]["action"] == second["team-1"]["action"] == "stop", second
+    assert second["team-0"]["acted"] and second["team-1"]["acted"]
+
+    spent = json.loads(run_orch("cost", "team", "--json", check=0).stdout)
+    assert [n["name"] for n in spent["groups"]["team"]["nodes"]] == ["team-0", "team-1"]
+    nodes = {i["name"]: i["total_usd"] for i in spent["instances"]}
+    assert set(nodes) == {"team-0", "team-1"} and all(v > 0 for v in nodes.values())
+    assert spent["groups"]["team"]["total_usd"] == pytest.approx(sum(nodes.values()))
+    shown = run_orch("cost", check=0).stdout
+    assert "group team" in shown and "over 2 nodes" in shown
+    run_orch("down", "team", check=0)
