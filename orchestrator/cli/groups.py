@@ -66,12 +66,11 @@ def show(orch, name: str, nodes, as_json: bool, run=None) -> None:
         out(f"  watch    orch status {name} | orch logs {name} -f   (rank 0)")
 
 
-def status(name: str, as_json: bool) -> bool:
+def status(orch, name: str, as_json: bool) -> bool:
     """`orch status NAME` for a group: every node, then rank 0's run as for one instance. False
     when NAME is no group (an instance of that name comes first)."""
     from orchestrator import groups
 
-    orch = open_orch()
     if orch.ledger.by_name(name, live_only=False) is not None:
         return False
     nodes = groups.live(orch.ledger, name)

@@ -239,9 +239,9 @@ def status(
     from orchestrator.cli import groups
     from orchestrator.views import iso, model_dict
 
-    if groups.status(name, as_json):
-        return
     orch = open_orch()
+    if groups.status(orch, name, as_json):
+        return
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
         raise UsageError(f"no instance named {name!r}")

@@ -185,6 +185,8 @@ def _show(orch, job, as_json: bool) -> None:
         + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"] and d["state"] != jobs.COMPLETED
            else ""))  # a completed job's copies are gone: its weights are home
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
+    if d["nodes"] > 1:
+        out(f"  nodes    {d['nodes']} per attempt: a group training under torchrun, relaunched as one")
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
     for a in d["attempts"]:
