@@ -45,4 +45,12 @@ $pip install --upgrade pip >/dev/null
 # torch 2.14.1 + torchvision 0.29.1 is the pair LibreYOLO 1.6 imports with (2.13's torchvision fails).
 $pip install torch==2.14.1 torchvision==0.29.1
 if [ $test_deps = 1 ]; then $pip install -e '.[all]'; else $pip install -e '.[local]'; fi
+# Beam's SDK for the `orch export beam` tests: beta9 pins paramiko<4 and watchdog<5 that runpod 1.11 cannot
+# share (see pyproject's beam extra), yet loads and decorates with the newer ones: installed without its pins.
+if [ $test_deps = 1 ]; then
+  $pip install --no-deps 'beam-client==0.2.233' 'beta9==0.1.291'  # pinned: installed without their own pins
+  $pip install asgiref betterproto-beta9 click cloudpickle 'croniter>=3.0.3,<4' fastapi grpcio grpclib jsonschema \
+    'packaging>=24' prompt-toolkit protobuf pyyaml requests rich typeguard typing-extensions uvicorn watchdog \
+    websocket-client 'websockets>=13,<16'
+fi
 echo "orch installed: $(.venv/bin/orch --help >/dev/null && echo .venv/bin/orch)"

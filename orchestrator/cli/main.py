@@ -30,7 +30,7 @@ def main() -> None:
 def run() -> None:
     import typer
 
-    from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
+    from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
     from orchestrator.cli.app import app, one_line
     from orchestrator.errors import OrchError
 
