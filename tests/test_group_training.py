@@ -145,6 +145,8 @@ def test_a_lost_node_ends_the_attempt_and_the_group_resumes_from_the_checkpoint_
 
     ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
     epochs = 4
+    orch_home.mkdir(parents=True)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 3.6\n")  # 0.001 $/s, each node
     run_orch("run", "gj", "--nodes", "2", "--data", ds, "--epochs", str(epochs), "--save-period", "1", *TRAIN,
              check=0)
     first = _job("gj")
@@ -175,6 +177,10 @@ def test_a_lost_node_ends_the_attempt_and_the_group_resumes_from_the_checkpoint_
     assert epochs_in(folder / "metrics.jsonl") == list(range(1, epochs + 1)), "metrics cover every epoch"
     assert json.loads((folder / "status.json").read_text())["start_epoch"] == kept + 1 > 1
     assert (folder / "weights" / "best.pt").stat().st_size > 0
-    assert job["cost"] >= 0 and len(job["attempts"]) == 2
+    # --max-cost's count: every node of every attempt (four machines), as `orch cost` bills them.
+    spent = json.loads(run_orch("cost", "--json", check=0).stdout)
+    assert {i["name"] for i in spent["instances"]} == {"gj-a1-0", "gj-a1-1", "gj-a2-0", "gj-a2-1"}
+    assert job["cost"] > 0 and job["cost"] == pytest.approx(spent["providers"]["local"]["total_usd"], abs=1e-3)
+    assert job["attempts"][0]["cost"] == pytest.approx(spent["groups"]["gj-a1"]["total_usd"], abs=1e-3)
     assert live_instances() == []
     assert not any(instance_pids(i.id) for i in ledger.instances()), "no process of any node is left"

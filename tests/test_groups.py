@@ -25,6 +25,7 @@ def _leftovers(home):
     (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group"),
     (["--nodes", "3", "--cpu", "--data", "DS", "--batch", "4"], "--batch 4 does not divide by the world size 3"),
     (["--nodes", "2", "--gpus", "2", "--provider", "local", "--data", "DS"], "give --batch"),
+    (["--nodes", "-1", "--cpu"], "--nodes must be between 1 and 64, not -1"),
 ])
 @pytest.mark.parametrize("command", ["up", "run"])
 def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_path, args, says, command):
@@ -39,6 +40,14 @@ def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_p
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], p.stderr
     assert not orch_home.exists(), "nothing created: no ledger, no instance, no home"
+
+
+def test_a_group_jobs_name_must_leave_room_for_its_nodes(orch_home, tmp_path):
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
+    p = run_orch("run", "j" * 34, "--nodes", "2", "--cpu", "--data", ds)
+    assert p.returncode == 2 and "at most 33 characters" in p.stderr and not orch_home.exists(), p.stderr
 
 
 def test_runpod_and_vastai_refuse_a_group_before_any_api_call(orch_home, monkeypatch):
