@@ -1,5 +1,7 @@
 """Jobs (``orch run``): one training from a dataset to weights on disk, at the lowest cost per job,
-over as many machines as it takes.
+over as many machines as it takes. A job of the *command* kind (a task file's ``run:``) moves
+through the same states; where it differs (what an attempt starts, what it reads, what it copies
+home) the engine asks ``command_job``, and a command's own non-zero exit fails the job (no relaunch).
 
 A job lives in the ledger (``jobs``, and one ``attempts`` row per instance that trained it), so no
 terminal needs to stay open: every reaper pass (``reaper.reap``'s ``after``), every ``orch jobs
@@ -173,34 +175,46 @@ def pulled_epoch(folder: Path) -> int | None:
 # -- the spec: everything a relaunch needs, from any orch process ------------------------------
 @dataclass
 class JobSpec:
-    train: Any  # training.TrainSpec, prepared (its data packed or sized)
+    """A job of one of two kinds: ``train`` (a LibreYOLO training) or ``command`` (a task's ``run:``,
+    ``orchestrator.command_job``); the engine is the same, the kind says what an attempt runs."""
+
+    train: Any  # training.TrainSpec, prepared (its data packed or sized); None for a command
     request: Request  # as the user asked (the plan fills in gpu/offer/bid per attempt)
     providers: list[str] | None = None
     ssh_timeout: float | None = None  # seconds
     policy: str = "{}"  # the base policy (flags > config.toml > defaults), as JSON
     images: int | None = None  # training images, for the estimate
     nodes: int = 1  # machines per attempt: a group (``group_jobs``)
+    command: Any = None  # task.CommandSpec (names of secrets, never their values)
+    max_price: float | None = None  # $/hr: offers above it are not ranked
 
     def to_json(self) -> str:
-        train = asdict(self.train)
-        train["local_tar"] = str(self.train.local_tar) if self.train.local_tar else None
+        train = None
+        if self.train is not None:
+            train = asdict(self.train)
+            train["local_tar"] = str(self.train.local_tar) if self.train.local_tar else None
         req = asdict(self.request)
         req.pop("env", None)  # never stored: nothing secret in the ledger
+        extra = {"command": asdict(self.command), "max_price": self.max_price} if self.command is not None else \
+            ({"max_price": self.max_price} if self.max_price is not None else {})
         return json.dumps({"train": train, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
-                           "nodes": self.nodes},
+                           "nodes": self.nodes, **extra},
                           sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
+        from orchestrator.task import CommandSpec
         from orchestrator.training import TrainSpec
 
         d = json.loads(text)
-        train = TrainSpec(**d["train"])
-        train.local_tar = Path(train.local_tar) if train.local_tar else None
+        train = TrainSpec(**d["train"]) if d.get("train") else None
+        if train is not None:
+            train.local_tar = Path(train.local_tar) if train.local_tar else None
+        command = CommandSpec(**d["command"]) if d.get("command") else None
         return cls(train=train, request=Request(**d["request"]), providers=d.get("providers"),
                    ssh_timeout=d.get("ssh_timeout"), policy=d.get("policy") or "{}", images=d.get("images"),
-                   nodes=d.get("nodes") or 1)
+                   command=command, max_price=d.get("max_price"), nodes=d.get("nodes") or 1)
 
 
 def default_save_period(epochs: int) -> int:
@@ -237,7 +251,7 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     from orchestrator.provider import bid_with_margin
 
     req, spec = js.request, js.train
-    left = epochs_left if epochs_left is not None else spec.epochs
+    left = epochs_left if epochs_left is not None else (spec.epochs if spec else None)
     if req.cpu or req.offer:
         provider = (js.providers or [None])[0] or plugins.default_provider()
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
@@ -246,8 +260,9 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
         return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)")
     mode = "spot" if req.spot else "on-demand"
     job = offers.Job(model=spec.model, epochs=spec.epochs, data=spec.data, data_bytes=spec.data_bytes,
-                     images=js.images, imgsz=spec.imgsz)
-    query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=js.providers)
+                     images=js.images, imgsz=spec.imgsz) if spec else None  # a command: ranked per hour
+    query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=js.providers,
+                         max_price=js.max_price)
     answer = offers.search(orch, query, job, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
@@ -270,7 +285,7 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     line = offers.describe(best, mode) + (f", bid {bid:.3f}" if spot and bid else "")
     if js.nodes > 1:
         line = f"{js.nodes} nodes of: {line}"
-    if left != spec.epochs and usd is not None:
+    if spec and left != spec.epochs and usd is not None:
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
     chosen = replace(req, gpu=best.offer.gpu_name, gpus=best.offer.gpus, offer=best.offer.offer_id, bid=bid)
     return Choice(best.offer.provider, chosen, line, f"{best.offer.provider}/{best.offer.offer_id}", price, hours, usd)
@@ -464,6 +479,14 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         inst.policy = pol  # the watchdog is armed from this very row right after this call
         for node in group_jobs.nodes_of(orch, inst):
             orch.ledger.update(node.id, policy=pol)
+        if js.command is not None:  # the command kind: its workdir and checkpoint folder, then its run
+            from orchestrator import command_job
+
+            copy = orch.ledger.get_job(job.id).checkpoint_epoch
+            src = checkpoint_dir(orch.home, job.name, copy) if copy else None
+            marks["start"] = copy if src is not None and src.is_dir() else None
+            marks["run"] = command_job.launch(orch, inst, js.command, src if marks["start"] else None)
+            return
         spec = _prepared(orch, js)
         ckpt = orch.ledger.get_job(job.id).checkpoint_epoch
         marks["start"] = _stage_resume(orch, job, inst, spec, ckpt) if ckpt is not None else None
@@ -485,7 +508,7 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
                              ssh_timeout=js.ssh_timeout, launch=lambda ready: start_training(ready[0]))[0]
         else:
             inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
-                           after_verify=start_training)
+                           after_verify=start_training, prepare=js.command is None)  # a command's setup: its own
     except BaseException as e:
         from orchestrator import groups
 
@@ -508,11 +531,14 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
                                                                 if k != "lost_at"}))
     resumed = f"resumed from the job's verified copy of last.pt (epoch {start})" if start is not None else \
         "started at epoch 1"
+    if js.command is not None:
+        resumed = f"checkpoint folder restored from copy {start}" if start is not None else "started"
     orch.ledger.update_attempt(attempt.id, state=TRAINING, instance_id=inst.id, run_id=run.id,
                                price_hr=marks.get("price", inst.price_hr),
                                start_epoch=(start or 0) + 1, resumed_from=resumed, phases=json.dumps(phases))
     job = orch.ledger.update_job(job.id, expect=(PLANNED, RECOVERING), state=RUNNING, reason=None)
-    return note(orch, job, f"attempt {number} training on {choice.provider} as {name} ({resumed})")
+    return note(orch, job, f"attempt {number} {'running' if js.command else 'training'} on {choice.provider} as "
+                           f"{name} ({resumed})")
 
 
 def _prepared(orch, js: JobSpec):
@@ -615,12 +641,16 @@ def relaunch(orch, job, js: JobSpec | None = None):
         if over:
             return _finish_job(orch, job, FAILED, f"{over}: no further attempt")
         done = job.checkpoint_epoch or 0
-        if done >= js.train.epochs:
+        if js.train is not None and done >= js.train.epochs:
             return _complete_from_copies(orch, job, js)
+        if js.command is not None and _missing_secrets(js):  # nothing rented that could not be started
+            why = (f"waiting for an orch process with {', '.join(_missing_secrets(js))} in its environment "
+                   f"(`orch jobs show {job.name}` where it is set relaunches it)")
+            return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
         avoid = {(_loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
         t0 = time.monotonic()
         try:
-            choice = plan(orch, js, js.train.epochs - done, avoid)
+            choice = plan(orch, js, js.train.epochs - done if js.train else None, avoid)
         except UsageError as e:
             return _finish_job(orch, job, FAILED, f"cannot plan: {_why(e)}")
         except OrchError as e:  # no capacity, providers failing: the next look asks again
@@ -752,7 +782,12 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     from orchestrator import training
 
     try:
-        view = training.read(orch, inst, run)
+        if js.command is not None:
+            from orchestrator import command_job
+
+            view = command_job.read(orch, inst, run)
+        else:
+            view = training.read(orch, inst, run)
     except HostKeyMismatch as e:
         return _lost(orch, job, js, attempt, inst, run, f"its host key changed ({_why(e)}): not trusted")
     except SSHError as e:
@@ -771,6 +806,8 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     state = view["state"]
     if state == "completed":
         return _finish(orch, job, attempt, inst, run, view)
+    if state == "failed" and js.command is not None:  # the command's own exit: no relaunch repeats it
+        return _command_failed(orch, job, attempt, inst, run, view)
     from orchestrator import group_jobs
 
     # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
@@ -781,7 +818,7 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if state in ("failed", "crashed"):
         return _lost(orch, job, js, attempt, inst, run, f"training {state}" + (f": {view['error']}" if view.get("error")
                                                                                else ""))
-    _progress(orch, job, inst, run, view)
+    (_command_progress if js.command is not None else _progress)(orch, job, inst, run, view)
     job = orch.ledger.get_job(job.id)
     over = _over_cap(orch, job, inst)
     if over:
@@ -869,6 +906,88 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
     return epoch, None
 
 
+# -- the command kind's steps (what they do on the instance: orchestrator.command_job) -------------
+def _missing_secrets(js: JobSpec) -> list[str]:
+    import os
+
+    return [n for n in js.command.secrets if not os.environ.get(n)]
+
+
+def _command_checkpoint(orch, job, inst, run) -> tuple[int | None, str | None]:
+    """The checkpoint folder home as copy K+1 (jobs/NAME/ckpt-K+1, the older copy dropped once it is
+    in); (K+1, None), or (None, why not)."""
+    from orchestrator import command_job
+
+    cmd = JobSpec.from_json(job.spec).command
+    if not cmd.checkpoint:
+        return None, None
+    old = orch.ledger.get_job(job.id).checkpoint_epoch
+    number = (old or 0) + 1
+    ok, problem = command_job.snapshot(orch, inst, cmd, checkpoint_dir(orch.home, job.name, number))
+    if not ok:  # the next look tries again (a folder being written, or none yet)
+        return None, problem
+    phases = _loads(orch.ledger.get_job(job.id).phases, {})
+    phases["checkpoint_at"] = _now().isoformat()  # a string: phases() sums numbers only
+    orch.ledger.update_job(job.id, phases=json.dumps(phases), checkpoint_epoch=number)
+    if old:
+        shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
+    return number, None
+
+
+def _command_outputs(orch, job, inst, dest: Path, strict: bool = True) -> list[str]:
+    from orchestrator import command_job
+
+    cmd = JobSpec.from_json(job.spec).command
+    if cmd is None:
+        return []
+    got, missing = command_job.pull_outputs(orch, inst, cmd, dest, strict=strict)
+    if missing:
+        note(orch, job, f"output(s) not found on {inst.name}: {', '.join(clean(m, 100) for m in missing)}")
+    return got
+
+
+def _command_progress(orch, job, inst, run, view: dict) -> None:
+    """While the command runs: its log and status home; every checkpoint_minutes, the checkpoint
+    folder and the outputs so far."""
+    from orchestrator import command_job, training
+
+    try:
+        training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), view=view, only_milestones=True)
+    except OrchError as e:
+        note(orch, job, f"log not pulled this time: {_why(e)}", say=False)
+    cmd = JobSpec.from_json(job.spec).command
+    if not cmd.checkpoint or not command_job.due(_loads(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
+        return
+    try:
+        _, problem = _command_checkpoint(orch, job, inst, run)
+        _command_outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
+    except OrchError as e:
+        problem = _why(e)
+    if problem:
+        note(orch, orch.ledger.get_job(job.id), f"no checkpoint copy this time: {problem}", say=False)
+
+
+def _command_failed(orch, job, attempt, inst, run, view: dict):
+    """The command exited non-zero (or its setup did): what it left comes home, the instance is
+    given back, the job failed with the code and the log's last lines."""
+    from orchestrator import command_job, training
+
+    dest = weights_dir(orch.home, job.name)
+    try:
+        training.pull(orch, inst, run, dest=dest, view=view)
+        _command_outputs(orch, job, inst, dest, strict=False)
+    except OrchError as e:
+        note(orch, job, f"not everything was pulled ({_why(e)})")
+    code, phase = view.get("exit_code"), view.get("phase") or "run"
+    why = f"{phase} exited {code if code is not None else '?'}"
+    _end_attempt(orch, attempt, "failed", why)
+    problem = _give_back(orch, job, inst, f"job {job.name}: {why}")
+    tail = command_job.log_tail(dest / "train.log")
+    return _finish_job(orch, orch.ledger.get_job(job.id), FAILED,
+                       f"{why}; instance {inst.name} " + (f"NOT destroyed ({problem})" if problem else "destroyed")
+                       + (f"; last lines: {tail}" if tail else ""))
+
+
 # -- endings ---------------------------------------------------------------------------------
 def _give_back(orch, job, inst, reason: str) -> str | None:
     """Destroy an attempt's instance if it still exists; why not, if it could not be."""
@@ -913,9 +1032,10 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
             from orchestrator import training
 
             training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), only_milestones=True)
-            kept, problem = snapshot(orch, job, inst, run)
+            kept, problem = (_command_checkpoint if js.command is not None else snapshot)(orch, job, inst, run)
             if kept:
-                note(orch, job, f"took last.pt (epoch {kept}) from {inst.name}: it loads there")
+                note(orch, job, f"took the checkpoint folder (copy {kept}) from {inst.name}" if js.command else
+                     f"took last.pt (epoch {kept}) from {inst.name}: it loads there")
             elif problem:
                 note(orch, job, f"{problem}; resuming from the job's copy"
                                + (f" (epoch {orch.ledger.get_job(job.id).checkpoint_epoch})"
@@ -936,6 +1056,7 @@ def _finish(orch, job, attempt, inst, run, view: dict):
     dest = weights_dir(orch.home, job.name)
     try:
         got, _ = training.pull(orch, inst, run, dest=dest, view=view)
+        got += _command_outputs(orch, job, inst, dest)
     except OrchError as e:
         job = orch.ledger.update_job(job.id, reason=f"completed, but the final pull failed ({_why(e)}): the next "
                                                    "look tries again; nothing is destroyed before")
@@ -946,7 +1067,8 @@ def _finish(orch, job, attempt, inst, run, view: dict):
 
 def _complete(orch, job, attempt, inst, run, how: str):
     t0 = time.monotonic()
-    attempt = _end_attempt(orch, attempt, DONE, f"training completed; {how}")
+    train = JobSpec.from_json(job.spec).train
+    attempt = _end_attempt(orch, attempt, DONE, f"{'training' if train is not None else 'command'} completed; {how}")
     dest = weights_dir(orch.home, job.name)
     inst = orch.ledger.get(inst.id)
     ended = "destroyed"
@@ -967,11 +1089,13 @@ def _complete(orch, job, attempt, inst, run, how: str):
             if problem:
                 ended = f"NOT destroyed ({problem})"
     job = _job_phase(orch, job, "teardown", time.monotonic() - t0)
-    epochs = JobSpec.from_json(job.spec).train.epochs
     # The resume copies served their purpose: the verified weights are in dest (last.pt among them).
     shutil.rmtree(job_dir(orch.home, job.name), ignore_errors=True)
-    return _finish_job(orch, job, COMPLETED, f"{epochs} epochs; {how}; weights in {dest}; instance {inst.name} {ended}",
-                       weights=str(dest), epoch=max(job.epoch or 0, epochs))
+    if train is None:
+        return _finish_job(orch, job, COMPLETED, f"exit code 0; {how}; outputs in {dest}; instance {inst.name} {ended}",
+                           weights=str(dest))
+    return _finish_job(orch, job, COMPLETED, f"{train.epochs} epochs; {how}; weights in {dest}; instance {inst.name} "
+                                             f"{ended}", weights=str(dest), epoch=max(job.epoch or 0, train.epochs))
 
 
 def _finish_stopped(orch, job, attempt, inst, run):
@@ -994,6 +1118,7 @@ def _stop_over_cap(orch, job, attempt, inst, run, why: str):
 
     try:
         training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name))
+        _command_outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
     except OrchError as e:
         note(orch, job, f"not everything was pulled before stopping ({_why(e)})")
     attempt = _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
@@ -1020,6 +1145,7 @@ def cancel(orch, job, wait: float = 120.0):
             if inst.state == states.READY and run is not None and run.run_dir:
                 try:
                     training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name))
+                    _command_outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
                 except OrchError as e:
                     note(orch, job, f"not everything was pulled before cancelling ({_why(e)})")
             if attempt.state in (LAUNCHING, TRAINING):
@@ -1069,7 +1195,10 @@ def job_dict(orch, job) -> dict:
     train = spec.get("train") or {}
     spent = cost(orch, job) if job.state in ACTIVE else job.cost_usd
     current = attempts[-1] if attempts else None
+    command = spec.get("command") if isinstance(spec.get("command"), dict) else None
     return {"id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
+            "kind": "command" if command else "train",
+            **(_command_view(orch, job, command, current) if command else {}),
             "model": train.get("model"), "data": train.get("data"), "epochs": train.get("epochs"),
             "epoch": job.epoch, "checkpoint_epoch": job.checkpoint_epoch,
             "attempts": [attempt_dict(orch, a) for a in attempts],
@@ -1080,12 +1209,32 @@ def job_dict(orch, job) -> dict:
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
 
 
+def _command_view(orch, job, command: dict, current) -> dict:
+    """What a command job adds to ``job_dict``: its command, its run's state, exit code and elapsed time."""
+    from orchestrator import command_job
+
+    run = orch.ledger.update_run(current.run_id) if current is not None and current.run_id else None  # a read
+    code, phase = command_job.recorded_exit(run)
+    elapsed = None
+    if run is not None:
+        end = _utc(run.ended_at) or (_utc(job.ended_at) if job.state in ENDED else _now())
+        elapsed = max(round((end - _utc(run.started_at)).total_seconds(), 1), 0.0)
+    text = "\n".join(clean(line, 500) or "" for line in str(command.get("run") or "").splitlines()[:50])
+    return {"command": text, "run_state": run.state if run else None,
+            "exit_code": code, "exit_phase": phase, "elapsed_s": elapsed,
+            "outputs": command.get("outputs") or [], "checkpoint": command.get("checkpoint")}
+
+
 def progress_line(d: dict) -> str:
     """One line for --wait and the list: state, attempt, epoch, cost."""
     parts = [d["state"]]
     if d["attempts"]:
         a = d["attempts"][-1]
         parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
+    if d.get("kind") == "command" and d.get("run_state"):
+        parts.append(f"command {d['run_state']}"
+                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
+                     + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
     if d.get("epoch"):
         parts.append(f"epoch {d['epoch']}/{d['epochs']}")
     if d.get("checkpoint_epoch"):

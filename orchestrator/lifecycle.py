@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator import claims, config, states
-from orchestrator.errors import HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
 from orchestrator.ledger import Instance, Ledger
 from orchestrator.provider import Provider, Remote, Request, Status
 from orchestrator.text import why as _why
@@ -167,7 +167,10 @@ class Orch:
 
             with self.connect(inst, rekey=rekey) as c:
                 remote.run(c, "true")
-            inst = self.move(inst, states.READY, "reached over SSH (not provisioned: orch check)")
+            inst = self.move(inst, states.READY, "reached over SSH (not provisioned: orch check, or a command "
+                                                 "job, whose setup is its own)")
+            if after_verify:
+                after_verify(inst)
             (watchdog.rearm if started else watchdog.arm)(self, inst)
             return inst
         self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
@@ -188,6 +191,11 @@ class Orch:
         try:
             return provider.create(request, inst.label, public_key)
         except BaseException as e:
+            if isinstance(e, AuthError):
+                # Refused for its credentials (or none to send): the provider made nothing, and a
+                # lookup with the same credentials could not say so. Settled now, never left requested.
+                self.move(inst, states.FAILED, f"create failed: {_why(e)}")
+                raise
             # The provider may have created it before failing: look before giving up.
             try:
                 found = provider.find(inst.label)
@@ -195,8 +203,8 @@ class Orch:
                 self.ledger.note(inst.id, f"create failed ({_why(e)}) and the lookup failed too "
                                           f"({_why(lookup)}): reconcile will settle it", self.actor)
                 raise ProviderError(f"creating {inst.label} failed and {provider.name} could not say whether it "
-                                    f"was made anyway ({_why(lookup)}): run `orch reconcile` once it answers "
-                                    "again") from e
+                                    f"was made anyway ({_why(lookup)}): the next reaper pass (or `orch reconcile`) "
+                                    "settles it once it answers again") from e
             if found is not None and found.status in (Status.RUNNING, Status.PENDING):
                 self.say(f"      the create errored ({_why(e)}) but {found.provider_id} exists: using it")
                 return found
@@ -397,12 +405,19 @@ class Orch:
             return inst
         if inst.state != states.DESTROYING:
             inst = self.move(inst, states.DESTROYING, reason)
-        if inst.provider_id is None:
-            found = provider.find(inst.label)
-            if found is not None:
-                inst = self.ledger.update(inst.id, provider_id=found.provider_id)
-        if inst.provider_id is not None:
-            provider.destroy(inst.provider_id)
+        try:
+            if inst.provider_id is None:
+                found = provider.find(inst.label)
+                if found is not None:
+                    inst = self.ledger.update(inst.id, provider_id=found.provider_id)
+            if inst.provider_id is not None:
+                provider.destroy(inst.provider_id)
+        except ProviderError as e:
+            # The intent stays recorded: the next reaper pass (or `orch reconcile`) finishes the destroy
+            # once the provider answers; nothing is marked destroyed that may still bill.
+            raise ProviderError(f"destroying {inst.name} on {provider.name} failed ({_why(e)}): it is recorded "
+                                "destroying, and the next reaper pass or `orch reconcile` finishes the destroy once "
+                                f"{provider.name} answers") from e
         return self.move(inst, states.DESTROYED, reason)
 
     # -- refresh -----------------------------------------------------------------------

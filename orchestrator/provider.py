@@ -274,6 +274,25 @@ class Provider:
                 return remote
         return None
 
+    def made(self, provider_id: str) -> None:
+        """Note that this process has just created ``provider_id`` (see ``unseen``)."""
+        self.__dict__.setdefault("_made", {})[str(provider_id)] = time.monotonic()
+
+    def seen(self, provider_id: str) -> None:
+        """The provider has shown ``provider_id``: from now on, not showing it means gone."""
+        self.__dict__.get("_made", {}).pop(str(provider_id), None)
+
+    def unseen(self, provider_id: str, grace: float) -> Remote | None:
+        """What to say of an instance the provider does not show: pending, not gone, within ``grace``
+        seconds of this process's own create of it, until the provider first shows it (lookups and
+        listings lag a create: EC2's eventual consistency, RunPod's and Lambda's listings); None
+        otherwise (it is gone)."""
+        at = self.__dict__.get("_made", {}).get(str(provider_id))
+        if at is None or time.monotonic() - at >= grace:
+            return None
+        return Remote(provider_id=str(provider_id), label="", status=Status.PENDING,
+                      detail="not visible yet (just created)")
+
     def wait_ssh(self, provider_id: str, timeout: float, progress: Progress | None = None,
                  interval: float = 2.0) -> Remote:
         """Poll until the instance runs and one of its routes answers SSH, bounded. An instance

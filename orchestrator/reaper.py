@@ -162,6 +162,8 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
     started = time.monotonic()
     outcomes: list[Outcome] = []
     with _PassLock(orch.home):
+        if not dry_run:
+            outcomes += _reconcile(orch)  # first: what failed creates left, and rows a failure left half-way
         live = orch.ledger.instances(live_only=True)
         for provider_name in sorted({i.provider for i in live}):
             group = [i for i in live if i.provider == provider_name]
@@ -184,6 +186,34 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
                        "outcomes": [o.to_dict() for o in outcomes]}
             orch.ledger.set_meta(LAST_PASS, json.dumps(summary))
     return outcomes
+
+
+def _reconcile(orch) -> list[Outcome]:
+    """``orch reconcile`` at the start of every pass: an instance that a create made and then
+    failed to report (its lookup missed: listings lag a launch) is adopted, a row a failure left
+    ``requested`` or ``destroying`` is settled, without anyone typing ``orch reconcile``. Its
+    events say what it did (actor "reconcile"); a provider it cannot ask is left to this pass.
+    Returns the pass's outcomes for the rows it ended (what it adopted, the pass looks at next)."""
+    from orchestrator import reconcile
+
+    before = orch.ledger.instances(live_only=True)
+    try:
+        report = reconcile.reconcile(orch)
+    except Exception as e:  # noqa: BLE001 - the pass goes on: reconcile's trouble is no reason to stop reaping
+        orch.say(f"reconcile failed: {_why(e)}")
+        return []
+    ended = []
+    for inst in before:
+        now = orch.ledger.get(inst.id)
+        if now is not None and now.state not in states.LIVE:
+            ended.append(Outcome(now.name, now.provider, now.state, "gone", orch.ledger.events(now.id)[-1].reason,
+                                 instance_id=now.id))
+    for p in report.providers:
+        for name in p.adopted:
+            orch.say(f"{name}: adopted from {p.provider} (it carries orch's tag; the ledger did not hold it)")
+        for trouble in ([p.error] if p.error else []) + p.problems:
+            orch.say(f"reconcile: {p.provider}: {trouble}")
+    return ended
 
 
 def _one(orch, inst, listing: dict, dry_run: bool, force: bool, clock) -> Outcome:

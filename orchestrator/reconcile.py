@@ -253,3 +253,30 @@ def leftover(orch, name: str, provider_name: str, request):
         orch.move(inst, states.LOST, f"gone at {provider_name} before `orch up` could finish it")
         return None
     return inst
+
+
+def forget(orch, name: str):
+    """``orch forget NAME``: close the live row of an instance that its provider confirms gone (asked
+    by id, or by its label when the create never said one), for a row no pass could settle. Refused
+    (UsageError, nothing changed) while the provider shows it, or when it cannot be asked."""
+    inst = orch.instance(name)
+    with claims.hold(orch.ledger, inst.name):  # no orch process is working on it meanwhile
+        inst = orch.ledger.get(inst.id)
+        if inst.state not in states.LIVE:
+            return inst
+        try:
+            provider = orch.provider(inst.provider)
+            if inst.provider_id is not None:
+                remote = provider.get(inst.provider_id)
+                shown = None if remote.status == Status.GONE else remote
+            else:
+                shown = provider.find(inst.label)
+        except OrchError as e:
+            raise UsageError(f"{inst.provider} cannot be asked whether {name} is gone ({_why(e)}): nothing forgotten; "
+                             f"once it answers, `orch reconcile` settles {name} by itself") from None
+        if shown is not None:
+            raise UsageError(f"{inst.provider} still shows {name} ({shown.provider_id}, {shown.status.value}): it may "
+                             f"bill; `orch down {name}` destroys it")
+        where = f"{inst.provider_id} is gone" if inst.provider_id else f"nothing carries its label {inst.label}"
+        to = {states.REQUESTED: states.FAILED, states.DESTROYING: states.DESTROYED}.get(inst.state, states.LOST)
+        return orch.move(inst, to, f"forgotten (`orch forget`): {inst.provider} confirms {where}")

@@ -7,8 +7,9 @@ An instance another orch process holds (its claim, see ``claims``) is that proce
 
 What it records, by what the provider shows:
 
-- **gone**: destroyed (when orch was destroying it), preempted (a spot instance the provider
-  ended), destroyed by its own watchdog (armed to destroy), else lost;
+- **gone**: destroyed (when orch was destroying it), preempted then destroyed (a spot instance the
+  provider ended: nothing of it bills from then on), destroyed by its own watchdog (armed to
+  destroy), else lost;
 - **running** while the ledger says stopped, preempted or scheduling: *unattended* (it bills and
   nothing orch prepared runs there); a ready instance whose endpoint moved gets the new one,
   but a route that answered (Vast.ai's proxy) is kept while the provider still offers it;
@@ -44,10 +45,8 @@ def sync(orch, inst, remote: Remote | None):
     if status == Status.GONE:
         if s == states.DESTROYING:
             return move(inst, states.DESTROYED, "confirmed gone at the provider")
-        if s == states.PREEMPTED:
-            return inst  # a preempted spot instance its provider has since ended: nothing bills
-        if remote is not None and remote.preempted:
-            return move(inst, states.PREEMPTED, f"ended by {inst.provider}'s spot market{what}")
+        if s == states.PREEMPTED or (remote is not None and remote.preempted):
+            return _ended_by_market(orch, inst, remote, what)
         armed = _armed(orch, inst)
         if armed and "destroy" in armed["commands"] and armed["idle_action"] == "destroy":
             from orchestrator.watchdog import ACTOR
@@ -56,6 +55,8 @@ def sync(orch, inst, remote: Remote | None):
                                    reason=f"gone at the provider: its watchdog destroys it ({_rule(armed)})")
             return orch.ledger.transition(inst.id, states.DESTROYED, actor=ACTOR,
                                           reason="confirmed gone at the provider")
+        if inst.spot:
+            return _ended_by_market(orch, inst, remote, what)
         return move(inst, states.LOST, "gone at the provider without orch destroying it")
 
     if s == states.DESTROYING:
@@ -106,6 +107,24 @@ def sync(orch, inst, remote: Remote | None):
         return move(inst, states.BROKEN, f"broken at the provider{what}: it will not run again by itself, "
                                          "and it may still bill")
     return inst  # pending: still moving at the provider; the next look sees where it lands
+
+
+def _ended_by_market(orch, inst, remote: Remote | None, what: str):
+    """A preempted instance its provider has ended (terminated, not stopped): nothing of it bills any
+    more, its disk included (a spot root volume goes with it), so the row ends here, destroyed, and
+    no cost is counted from now on. A spot instance gone while orch did not destroy it, whose
+    provider no longer says why (EC2 forgets a terminated instance after about an hour), was taken
+    back by its market as far as anyone can tell: ended the same way, not recorded lost."""
+    said = remote is not None and remote.preempted
+    why = (f"ended by {inst.provider}'s spot market{what}" if said else f"gone at {inst.provider} without orch "
+           "destroying it, and it no longer says why: a spot instance, taken back by its market")
+    if inst.state == states.PREEMPTED:
+        why = "ended at the provider after its preemption"
+    elif states.allowed(inst.state, states.PREEMPTED):
+        inst = orch.move(inst, states.PREEMPTED, why)
+        why = "ended at the provider after its preemption"
+    inst = orch.move(inst, states.DESTROYING, f"{why}: nothing of it bills any more")
+    return orch.move(inst, states.DESTROYED, "confirmed gone at the provider")
 
 
 def _route(inst, remote: Remote) -> dict:

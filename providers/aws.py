@@ -9,7 +9,7 @@ found by ``ami_name``/``ami_owner``), ``ssh_user`` ("ubuntu", the DLAMI's login)
 ("0.0.0.0/0": who may reach port 22), ``security_group`` ("orch-ssh"), ``cpu_instance_type``
 ("m6i.large", for --cpu), ``shutdown_behavior`` ("stop" or "terminate": what an on-demand
 instance does when the watchdog powers it off), ``address`` ("public", or "private" over a VPN),
-``spot_margin`` (0.05), ``on_demand_prices`` (a table of $/hr by instance type, for regions the
+``on_demand_prices`` (a table of $/hr by instance type, for regions the
 built-in table does not cover), ``poll_seconds`` (2), ``stop_timeout`` / ``destroy_timeout`` (600 s),
 ``retries`` (5, boto3's standard retry mode).
 
@@ -25,6 +25,26 @@ What EC2 is, and what this provider does about it:
   instance. ``self_stop_command`` asks the instance's own attribute which one it is.
 - A spot instance that EC2 takes back carries a state reason ``Server.SpotInstanceTermination``
   (or ``Server.SpotInstanceShutdown``, stopped): it is reported preempted, not lost.
+- Spot: no ``MaxPrice`` is sent unless the user gave ``--bid`` (botocore's EC2 model, SpotMarketOptions:
+  "We do not recommend using this parameter because it can lead to increased interruptions. If you
+  do not specify this parameter, you will pay the current Spot price"); the plan's cost is still
+  the live price. A spot create goes to the cheapest zone, and on a capacity error to the next
+  zone by price (as dstack's AWS backend moves on through its offers).
+- Errors by code: capacity ones (InsufficientInstanceCapacity, UnfulfillableCapacity, Unsupported
+  in that zone, SpotMaxPriceTooLow, ...) are no capacity, so a job moves on; quota ones
+  (VcpuLimitExceeded, MaxSpotInstanceCountExceeded, InstanceLimitExceeded) are one line naming the
+  Service Quotas quota (by instance family and market) and how to raise it.
+- Regions: an instance is made where its offer is (``--offer us-west-2:g5.xlarge``), which may be
+  outside ``regions``: every region orch has created in is remembered in orch's home
+  (``aws-regions.json``, written before the create), and listing, lookup and adoption look there too.
+- orch's security group: an existing ``orch-ssh`` without its port-22 rule (a failed authorize, a
+  rule deleted by hand) gets it back; a group or key pair made meanwhile by another orch
+  (``InvalidGroup.Duplicate``, ``InvalidKeyPair.Duplicate``, ``InvalidPermission.Duplicate``) is
+  looked up again, not an error.
+- Catalogue: the default Deep Learning AMI (OSS Nvidia driver, PyTorch 2.9, Ubuntu 24.04) supports
+  G4dn, G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en and P6-B200 (its release notes): only those are
+  offered unless ``ami`` (or ``--image``) names another AMI; fractional-GPU types
+  (GpuPartitionSize < 1, botocore's GpuDeviceInfo) are never offered.
 - ``run_instances`` carries the orch label as its ClientToken: a create repeated after an error
   returns the instance the first one made instead of a second one (EC2 API, "Ensuring idempotency").
   Right after a create, an instance may not be visible yet (EC2 API, "Eventual consistency"):
@@ -40,14 +60,15 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
 from orchestrator import gpus as gpu_names
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.hookspecs import hookimpl
-from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, Request, Status, bid_with_margin,
-                                   parse_label, stopped_rate)
+from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, Request, Status, parse_label,
+                                   stopped_rate)
 
 # On-demand $/hr, Linux, US East (N. Virginia), as AWS publishes them on
 # https://aws.amazon.com/ec2/pricing/on-demand/ (checked against a copy of June 2026: g5.xlarge
@@ -82,7 +103,21 @@ _STATES = {"pending": Status.PENDING, "running": Status.RUNNING, "stopping": Sta
            "stopped": Status.STOPPED, "shutting-down": Status.PENDING, "terminated": Status.GONE}
 _AUTH_CODES = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
                "ExpiredToken", "OptInRequired", "RequestExpired"}
-_NO_CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity"}
+# No machine for this request now, here (EC2 API "Error codes"): another zone, region or provider may have one.
+_NO_CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+                "InsufficientReservedInstanceCapacity", "UnfulfillableCapacity", "Unsupported", "SpotMaxPriceTooLow"}
+# The account's limit, not the cloud's stock: named, with how to raise it (Service Quotas, EC2).
+_QUOTA = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"}
+# Service Quotas' EC2 quotas by instance family bucket: (on-demand name, code), (spot name, code).
+QUOTAS = {
+    "G": (("Running On-Demand G and VT instances", "L-DB2E81BA"), ("All G and VT Spot Instance Requests", "L-3819A6DF")),
+    "P": (("Running On-Demand P instances", "L-417A185B"), ("All P Spot Instance Requests", "L-7212CCBC")),
+    "Standard": (("Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "L-1216C47A"),
+                 ("All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests", "L-34B43A08")),
+}
+# The families the default Deep Learning AMI runs (its release notes: "Supported EC2 instances").
+DLAMI_FAMILIES = {"g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"}
+REGIONS_FILE = "aws-regions.json"  # in orch's home: every region orch has created an instance in
 _ID = re.compile(r"(?P<iid>i-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
@@ -145,7 +180,6 @@ class AWSProvider(Provider):
             raise UsageError("[providers.aws] on_demand_prices must be a table of instance type = $/hr")
         self._lock = threading.Lock()
         self._clients: dict[str, Any] = {}
-        self._created: dict[str, float] = {}  # provider id -> when this process created it
 
     # -- settings ------------------------------------------------------------------------
 
@@ -186,6 +220,36 @@ class AWSProvider(Provider):
     def regions(self) -> list[str]:
         return list(dict.fromkeys([*(self.settings.get("regions") or []), self.region]))
 
+    def _created_in(self) -> list[str]:
+        """Regions orch has created instances in (remembered in orch's home), which may lie outside
+        ``regions``: a listing that skipped them would never see, nor adopt, what is there."""
+        import json
+
+        if not self.home:
+            return []
+        try:
+            found = json.loads((Path(self.home) / REGIONS_FILE).read_text())
+        except (OSError, ValueError):
+            return []
+        return [r for r in found if isinstance(r, str) and re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", r)] \
+            if isinstance(found, list) else []
+
+    def _remember_region(self, region: str) -> None:
+        """Written before the create (intent first): a crash right after it still leaves the region known."""
+        import json
+
+        if not self.home or region in self.regions or region in self._created_in():
+            return
+        path = Path(self.home) / REGIONS_FILE
+        tmp = path.with_name(f".{REGIONS_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps(sorted({*self._created_in(), region})))
+        tmp.replace(path)
+
+    @property
+    def listed_regions(self) -> list[str]:
+        """Where ``list`` looks: the configured regions and every one orch has created in."""
+        return list(dict.fromkeys([*self.regions, *self._created_in()]))
+
     def _ec2(self, region: str):
         from botocore.config import Config
 
@@ -214,6 +278,8 @@ class AWSProvider(Provider):
                 raise AuthError(f"AWS refused the credentials ({what}): {code}: {message}") from None
             if code in _NO_CAPACITY:
                 raise NoCapacity(f"AWS has no capacity ({what}): {code}: {message}") from None
+            if code in _QUOTA:
+                raise AWSError(f"AWS refused {what}: {code}: {message}", code=code) from None
             raise AWSError(f"AWS refused {what}: {code}: {message}", code=code) from None
         except BotoCoreError as e:
             raise ProviderError(f"cannot reach AWS ({what}): {e}") from None
@@ -271,8 +337,10 @@ class AWSProvider(Provider):
     def _offers(self, request: Request, regions: list[str]) -> list[Offer]:
         found = []
         for region in regions:
+            any_ami = bool(request.image or self.settings.get("ami"))
             types = [t for t in self._gpu_types(region) if _gpu_count(t) == int(request.gpus)
-                     and (not request.gpu or gpu_names.matches(request.gpu, _gpu_name(t)))]
+                     and (not request.gpu or gpu_names.matches(request.gpu, _gpu_name(t)))
+                     and (any_ami or _family(t["InstanceType"]) in DLAMI_FAMILIES) and not _fractional(t)]
             if request.offer:
                 types = [t for t in types if t["InstanceType"] == _offer_type(request.offer)[1]]
             spot = self.spot_prices(region, [t["InstanceType"] for t in types
@@ -292,6 +360,12 @@ class AWSProvider(Provider):
             raise UsageError(f"--image on aws is an AMI id (ami-...), not {request.image!r}")
         if request.offer is not None and _offer_type(request.offer) is None:
             raise UsageError(f"--offer on aws is an instance type (g5.xlarge) or region:type, not {request.offer!r}")
+        if request.offer is not None and not request.cpu and not (request.image or self.settings.get("ami")):
+            family = _family(_offer_type(request.offer)[1])
+            if family not in DLAMI_FAMILIES:
+                raise UsageError(f"{family} instances do not run orch's default Deep Learning AMI (it supports "
+                                 f"{', '.join(sorted(DLAMI_FAMILIES))}): name one that does, or an AMI for it "
+                                 "(--image ami-..., or ami under [providers.aws])")
 
     def capabilities_for(self, spot: bool) -> Capabilities:
         if not spot:
@@ -301,21 +375,19 @@ class AWSProvider(Provider):
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         self.validate(request)
         region, itype, gpu_name, gpus = self._choose(request)
-        ec2 = self._ec2(region)
-        zone, max_price, price = None, None, None
+        # Where to try, cheapest first: each zone with a live spot price, or EC2's choice on demand.
+        places: list[tuple[str | None, float | None]] = [(None, self._price_table(region)[0].get(itype))]
+        max_price = None
         if request.spot:
-            zone, live = self._cheapest_zone(region, itype)
-            per_gpu = live / max(gpus, 1)
+            places = self._zones_by_price(region, itype)
+            per_gpu = places[0][1] / max(gpus, 1)
             if request.bid is not None:
                 if request.bid < per_gpu:
                     raise UsageError(f"bid {request.bid:.4f} $/h per GPU is below {itype}'s live spot price "
-                                     f"{per_gpu:.4f} $/h per GPU in {zone}: EC2 would not start it")
+                                     f"{per_gpu:.4f} $/h per GPU in {places[0][0]}: EC2 would not start it")
                 max_price = request.bid * max(gpus, 1)
-            else:
-                max_price = bid_with_margin(per_gpu, self.number("spot_margin", 0.05)) * max(gpus, 1)
-            price = live
-        else:
-            price = self._price_table(region)[0].get(itype)
+                places = [(z, p) for z, p in places if p <= max_price]
+        self._remember_region(region)
         image = self._image(region, request.image)
         disk = max(int(request.disk_gb), _snapshot_gb(image))
         if request.group:  # a group's nodes come at once: what every instance shares is made once, in turn
@@ -324,12 +396,27 @@ class AWSProvider(Provider):
                 self._ensure_group(region)
         key = self._ensure_key(region, public_key)
         group = self._ensure_group(region)
+        refusals = []
+        for i, (zone, price) in enumerate(places):
+            try:
+                return self._run(region, zone, itype, request, label, image, disk, key, group, gpu_name, gpus, price,
+                                 max_price, token=label if i == 0 else f"{label}-{_short(zone)}")
+            except NoCapacity as e:  # that zone is out: the next one by price
+                refusals.append(f"{zone or region}: {e}")
+        raise NoCapacity(f"AWS has no capacity for {itype} in {region} now ({'; '.join(refusals)})")
+
+    def _run(self, region: str, zone: str | None, itype: str, request: Request, label: str, image: dict, disk: int,
+             key: str, group: str, gpu_name: str | None, gpus: int, price: float | None, max_price: float | None,
+             token: str) -> Remote:
+        """One run_instances in ``zone`` (None: EC2 picks). ``token`` keeps a repeat in the same zone
+        idempotent; each zone gets its own, so a refused zone's token never stands for another."""
+        ec2 = self._ec2(region)
         tags = {"Name": label, LABEL_TAG: label, "orch:gpu": gpu_name or "", "orch:gpus": str(gpus),
                 "orch:disk-gb": str(disk), "orch:price-hr": f"{price:.6f}" if price is not None else ""}
         members, placement = self._node_of_group(region, itype, request, tags)
         args: dict[str, Any] = dict(
             ImageId=image["ImageId"], InstanceType=itype, MinCount=1, MaxCount=1, KeyName=key,
-            SecurityGroupIds=[group, *members], ClientToken=label,
+            SecurityGroupIds=[group, *members], ClientToken=token,
             BlockDeviceMappings=[{"DeviceName": image.get("RootDeviceName") or "/dev/sda1",
                                   "Ebs": {"VolumeSize": disk, "VolumeType": "gp3", "DeleteOnTermination": True}}],
             # A one-time spot instance cannot stop: a power-off ends it.
@@ -338,16 +425,23 @@ class AWSProvider(Provider):
             TagSpecifications=[{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
                                for kind in ("instance", "volume")])
         if request.spot:
-            args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "MaxPrice": f"{max_price:.4f}", "SpotInstanceType": "one-time",
-                "InstanceInterruptionBehavior": "terminate"}}
+            options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            if max_price is not None:  # only the user's --bid: a ceiling of orch's own only ends it sooner
+                options["MaxPrice"] = f"{max_price:.4f}"
+            args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
+        if zone:
             args["Placement"] = {"AvailabilityZone": zone}
         if placement:
             args["Placement"] = {**args.get("Placement", {}), "GroupName": placement}
-        with self._aws(f"run_instances of {itype} in {zone or region}"):
-            made = ec2.run_instances(**args)["Instances"][0]
+        try:
+            with self._aws(f"run_instances of {itype} in {zone or region}"):
+                made = ec2.run_instances(**args)["Instances"][0]
+        except AWSError as e:
+            if e.code in _QUOTA:
+                raise QuotaExceeded(_quota_line(e.code, itype, region, request.spot), code=e.code) from None
+            raise
         pid = provider_id(made["InstanceId"], region)
-        self._created[pid] = time.monotonic()
+        self.made(pid)
         return self._remote(made, region)
 
     def _choose(self, request: Request) -> tuple[str, str, str | None, int]:
@@ -371,12 +465,11 @@ class AWSProvider(Provider):
         best = candidates[0]
         return best.location or regions[0], best.raw["type"], best.gpu_name, best.gpus
 
-    def _cheapest_zone(self, region: str, itype: str) -> tuple[str, float]:
+    def _zones_by_price(self, region: str, itype: str) -> list[tuple[str, float]]:
         zones = self.spot_prices(region, [itype]).get(itype) or {}
         if not zones:
             raise NoCapacity(f"AWS shows no spot price for {itype} in {region}: no spot market for it there now")
-        zone = min(zones, key=lambda z: zones[z][0])
-        return zone, zones[zone][0]
+        return sorted(((z, p) for z, (p, _) in zones.items()), key=lambda zp: (zp[1], zp[0]))
 
     def _image(self, region: str, wanted: str | None) -> dict:
         ec2 = self._ec2(region)
@@ -404,8 +497,12 @@ class AWSProvider(Provider):
         except AWSError as e:
             if e.code != "InvalidKeyPair.NotFound":
                 raise
-        with self._aws(f"import_key_pair {name} in {region}"):
-            ec2.import_key_pair(KeyName=name, PublicKeyMaterial=" ".join(public_key.split()[:2]).encode())
+        try:
+            with self._aws(f"import_key_pair {name} in {region}"):
+                ec2.import_key_pair(KeyName=name, PublicKeyMaterial=" ".join(public_key.split()[:2]).encode())
+        except AWSError as e:
+            if e.code != "InvalidKeyPair.Duplicate":  # another orch imported it meanwhile: the same key, by name
+                raise
         return name
 
     def _ensure_group(self, region: str) -> str:
@@ -419,24 +516,41 @@ class AWSProvider(Provider):
             raise ProviderError(f"{region} has no default VPC for orch's instances: create one "
                                 "(aws ec2 create-default-vpc)")
         vpc = vpcs[0]["VpcId"]
+        group = self._group(ec2, region, name, vpc)
+        if group is None:
+            try:
+                with self._aws(f"create_security_group {name} in {region}"):
+                    ec2.create_security_group(GroupName=name, VpcId=vpc, Description="orch: SSH (port 22) only")
+            except AWSError as e:
+                if e.code != "InvalidGroup.Duplicate":  # another orch made it meanwhile: use that one
+                    raise
+            group = self._group(ec2, region, name, vpc)
+            if group is None:
+                raise ProviderError(f"security group {name} in {region} was made but cannot be found: try again")
+        extra = [p for p in group.get("IpPermissions", [])
+                 if not (p.get("IpProtocol") == "tcp" and p.get("FromPort") == 22 and p.get("ToPort") == 22)]
+        if extra:
+            raise ProviderError(f"security group {name} ({group['GroupId']}) in {region} opens more than port "
+                                "22: orch's instances would be reachable on other ports; fix or delete it")
+        ssh = [r.get("CidrIp") for p in group.get("IpPermissions", []) for r in p.get("IpRanges") or []]
+        if cidr not in ssh:
+            # Create and authorize are two calls: one failed authorize, or a rule deleted by hand, leaves a
+            # group every instance would be unreachable through (for the whole SSH wait). Add the rule.
+            try:
+                with self._aws(f"authorize_security_group_ingress on {name} in {region}"):
+                    ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[{
+                        "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+                        "IpRanges": [{"CidrIp": cidr, "Description": "SSH for orch"}]}])
+            except AWSError as e:
+                if e.code != "InvalidPermission.Duplicate":  # added meanwhile by another orch
+                    raise
+        return group["GroupId"]
+
+    def _group(self, ec2, region: str, name: str, vpc: str) -> dict | None:
         with self._aws(f"describe_security_groups in {region}"):
             wanted = [{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc]}]
             groups = ec2.describe_security_groups(Filters=wanted).get("SecurityGroups", [])
-        if groups:
-            group = groups[0]
-            extra = [p for p in group.get("IpPermissions", [])
-                     if not (p.get("IpProtocol") == "tcp" and p.get("FromPort") == 22 and p.get("ToPort") == 22)]
-            if extra:
-                raise ProviderError(f"security group {name} ({group['GroupId']}) in {region} opens more than port "
-                                    "22: orch's instances would be reachable on other ports; fix or delete it")
-            return group["GroupId"]
-        with self._aws(f"create_security_group {name} in {region}"):
-            gid = ec2.create_security_group(GroupName=name, VpcId=vpc,
-                                            Description="orch: SSH (port 22) only")["GroupId"]
-            ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[{
-                "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                "IpRanges": [{"CidrIp": cidr, "Description": "SSH for orch"}]}])
-        return gid
+        return groups[0] if groups else None
 
     def _describe(self, pid: str) -> dict | None:
         iid, region = split_id(pid)
@@ -453,16 +567,14 @@ class AWSProvider(Provider):
     def get(self, provider_id: str) -> Remote:
         inst = self._describe(provider_id)
         if inst is None:
-            made = self._created.get(provider_id)
-            if made is not None and time.monotonic() - made < VISIBILITY_GRACE_S:
-                return Remote(provider_id=provider_id, label="", status=Status.PENDING,
-                              detail="not visible yet (EC2 is eventually consistent)")
-            return Remote(provider_id=provider_id, label="", status=Status.GONE)
+            return self.unseen(provider_id, VISIBILITY_GRACE_S) or Remote(provider_id=provider_id, label="",
+                                                                          status=Status.GONE)
+        self.seen(provider_id)
         return self._remote(inst, split_id(provider_id)[1])
 
     def list(self) -> list[Remote]:
         remotes = []
-        for region in self.regions:
+        for region in self.listed_regions:
             with self._aws(f"describe_instances in {region}"):
                 pages = self._ec2(region).get_paginator("describe_instances").paginate(Filters=[
                     {"Name": "tag-key", "Values": [LABEL_TAG]},
@@ -644,6 +756,34 @@ class AWSError(ProviderError):
     def __init__(self, message: str, code: str | None = None):
         super().__init__(message)
         self.code = code
+
+
+class QuotaExceeded(AWSError):
+    """The account's EC2 quota, not the cloud's stock: raising it is the user's step."""
+
+
+def _family(itype: str) -> str:
+    return itype.split(".", 1)[0]
+
+
+def _fractional(t: dict) -> bool:
+    """A type whose GPUs are fractions of one (GpuPartitionSize < 1, botocore's GpuDeviceInfo)."""
+    return any(float(g.get("GpuPartitionSize") or 1) < 1 for g in (t.get("GpuInfo") or {}).get("Gpus") or [])
+
+
+def _short(zone: str | None) -> str:
+    return hashlib.sha256(str(zone).encode()).hexdigest()[:4]
+
+
+def _quota_line(code: str, itype: str, region: str, spot: bool) -> str:
+    """One line: which quota stopped the create, and how to raise it."""
+    family = _family(itype)
+    bucket = "G" if family[0] in "gv" else "P" if family[0] == "p" else "Standard"
+    name, quota = QUOTAS[bucket][1 if spot else 0]
+    return (f"AWS refused {itype} in {region}: the account's quota \"{name}\" ({quota}, counted in vCPUs) is "
+            f"used up ({code}). Raise it in the Service Quotas console (Amazon EC2, {region}), or `aws "
+            f"service-quotas request-service-quota-increase --service-code ec2 --quota-code {quota} --desired-value "
+            f"VCPUS --region {region}`; new accounts start at 0 for GPU instances")
 
 
 def _code(e) -> str:

@@ -5,7 +5,9 @@ Settings (``[providers.lambda]`` in config.toml), all optional: ``api_key`` (els
 only there; default: any region with capacity), ``image`` (an image family, or an image id; default:
 Lambda Stack), ``ssh_user`` ("ubuntu", Lambda Stack's login), ``retries`` (5), ``http_timeout`` (30 s),
 ``launch_interval`` (12 s: the wait after a launch answered 429), ``poll_seconds`` (2),
-``destroy_timeout`` (180 s).
+``destroy_timeout`` (180 s), ``launch_lookup_seconds`` (60 s: how long an ambiguous launch is looked
+for), ``unhealthy_grace`` (300 s: how long an unhealthy instance is waited on, before and after its
+one restart).
 
 What Lambda is, from its published OpenAPI description (cloud.lambda.ai/api/v1/openapi.json, v1.10.0),
 and what this provider does about it:
@@ -15,6 +17,22 @@ and what this provider does about it:
   is waited out and asked again; it refused the request, so a repeated launch makes no second machine.
 - A launch refused with ``instance-operations/launch/insufficient-capacity`` means that offer was
   taken meanwhile: the next region (or the next cheapest type) is tried.
+- A launch has no idempotency token, and an answer lost to a 5xx or a dropped connection may hide a
+  launch that happened: orch looks for the instance by its name for ``launch_lookup_seconds`` (a
+  new instance may be missing from the listing for a while, as RunPod's are) and never launches
+  blind again; reconcile (every reaper pass) adopts one that shows later. A new id that
+  ``GET /instances/{id}`` does not know yet is pending for two minutes, not gone (the grace EC2's
+  eventual consistency gets).
+- The launch's 403s are the account's, not the key's (spec, launchInstance 403):
+  ``global/account-inactive`` (verify the email address, add a payment method) and
+  ``global/invalid-address`` (the billing address): each is named.
+- ``unhealthy`` is not final (spec InstanceStatus; SkyPilot's lambda_cloud provisioner maps it to
+  INIT, not to a failure): orch waits ``unhealthy_grace``, sends one
+  ``/instance-operations/restart``, waits again, and only then reports it broken (and ``up`` or the
+  reaper destroys it). The time it was first seen unhealthy, and the restart, are kept in orch's
+  home, so a reaper that runs as a new process each pass still counts from the first sighting.
+- ``preempted`` (taken back by Lambda) is read as gone, and the terminate is sent anyway: it is
+  idempotent, and "gone" must mean nothing bills.
 - There is no stop and no spot: both are declared (``capabilities``) and refused in one line. There
   is no self-stop either: only a terminate through the API ends the bill, and that needs the
   account's key, which orch never puts on an instance.
@@ -44,11 +62,23 @@ from orchestrator.retry import retry
 DEFAULT_BASE_URL = "https://cloud.lambda.ai/api/v1"
 NO_CAPACITY = "instance-operations/launch/insufficient-capacity"
 NOT_FOUND = "global/object-does-not-exist"
+# The launch's 403s (spec, launchInstance 403: ApiErrorAccountInactive, ApiErrorInvalidBillingAddress),
+# with what fixes each (the spec's own suggestions).
+ACCOUNT_REFUSALS = {
+    "global/account-inactive": "the Lambda account is inactive: verify its email address and add a valid payment "
+                               "method in the Lambda console (Settings, Billing)",
+    "global/invalid-address": "the Lambda account's billing address is invalid: correct it in the Lambda console "
+                              "(Settings, Billing)",
+}
+VISIBILITY_GRACE_S = 120.0  # a new id GET /instances/{id} does not know yet is pending this long, not gone
+LAUNCH_LOOKUP_SECONDS = 60.0
+UNHEALTHY_GRACE_S = 300.0
 # Instance fields that are a login to the instance (the spec: "the secret token used to log into
 # the JupyterLab server"): never kept.
 SECRET_FIELDS = ("jupyter_token", "jupyter_url")
 MAX_WAIT = 60.0  # a Retry-After longer than this is not waited out
-_STATES = {"booting": Status.PENDING, "active": Status.RUNNING, "unhealthy": Status.BROKEN,
+# "unhealthy" is decided by LambdaProvider._unhealthy (wait, one restart, then broken).
+_STATES = {"booting": Status.PENDING, "active": Status.RUNNING, "unhealthy": Status.PENDING,
            "terminating": Status.PENDING, "terminated": Status.GONE, "preempted": Status.GONE}
 
 
@@ -111,7 +141,7 @@ class LambdaProvider(Provider):
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
     login = "ubuntu"  # Lambda Stack's user
     numeric_settings = {"retries": 1, "http_timeout": 0.1, "launch_interval": 0, "poll_seconds": 0,
-                        "destroy_timeout": 0}
+                        "destroy_timeout": 0, "launch_lookup_seconds": 0, "unhealthy_grace": 0}
 
 
 
@@ -222,7 +252,12 @@ class LambdaProvider(Provider):
                 ids = ids.get("instance_ids") if isinstance(ids, dict) else None
                 if not isinstance(ids, list) or len(ids) != 1:
                     raise LambdaError(f"Lambda Cloud's launch answered without one instance id: {ids}")
-                return self.get(str(ids[0]))
+                self.made(str(ids[0]))
+                remote = self.get(str(ids[0]))
+                if not remote.label:  # not visible yet: what the launch asked for is what it is
+                    remote = replace(remote, label=label, price_hr=offer.price_hr, gpu_name=offer.gpu_name,
+                                     gpus=offer.gpus)
+                return remote
             except AuthError:
                 raise
             except LambdaError as e:
@@ -239,31 +274,46 @@ class LambdaProvider(Provider):
                 continue
             if not isinstance(error, Transient):
                 raise error
-            # A 5xx or a dropped connection may hide a launch that happened.
-            try:
-                found = self.find(label)
-            except ProviderError as e2:
-                raise ProviderError(f"Lambda Cloud's launch of {label} failed ({error}), and the listing that would "
-                                    f"show whether it happened anyway failed too ({e2}): check the Lambda "
-                                    "console or run `orch reconcile` before retrying") from None
-            if found:
-                return found
-            failures += 1
-            if failures >= attempts:
-                raise error
-            time.sleep(min(MAX_WAIT, 0.5 * 2 ** (failures - 1)))
+            # A 5xx or a dropped connection may hide a launch that happened: look, never launch blind again.
+            return self._look_for(label, error)
         raise NoCapacity(f"every Lambda Cloud region with {request.gpus}x {request.gpu or request.offer} lost its "
                          "capacity before the launch: try again")
+
+    def _look_for(self, label: str, error: LambdaError) -> Remote:
+        """After a launch whose answer was lost: the instance by its name, looked for
+        ``launch_lookup_seconds`` (a new instance may be missing from the listing for a while)."""
+        window = self.number("launch_lookup_seconds", LAUNCH_LOOKUP_SECONDS)
+        deadline = time.monotonic() + window
+        while True:
+            try:
+                found, failed = self.find(label), None
+            except ProviderError as e:
+                found, failed = None, e
+            if found:
+                self.made(found.provider_id)
+                return found
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(max(self.poll_seconds, 0.05))
+        if failed is not None:
+            raise ProviderError(f"Lambda Cloud's launch of {label} failed ({error}), and the listing that would "
+                                f"show whether it happened anyway failed too ({failed}): orch sends no second launch; "
+                                "the next reaper pass (or `orch reconcile`) adopts it should it show") from None
+        raise ProviderError(f"Lambda Cloud's launch of {label} failed ({error}), and no instance of that name showed "
+                            f"within {window:g} s. A launch can happen though its answer is lost: orch sends no second "
+                            "launch; the next reaper pass (or `orch reconcile`) adopts it should it show") from None
 
     def get(self, provider_id: str) -> Remote:
         try:
             row = self._call("GET", f"/instances/{_lambda_id(provider_id)}")
         except LambdaError as e:
             if e.status == 404 and e.code == NOT_FOUND:
-                return Remote(provider_id=str(provider_id), label="", status=Status.GONE)
+                return self.unseen(provider_id, VISIBILITY_GRACE_S) or \
+                    Remote(provider_id=str(provider_id), label="", status=Status.GONE)
             raise
         if not isinstance(row, dict):
             raise LambdaError(f"Lambda Cloud's instance {provider_id} came back as {type(row).__name__}")
+        self.seen(provider_id)
         return self._remote(row)
 
     def list(self) -> list[Remote]:
@@ -273,11 +323,15 @@ class LambdaProvider(Provider):
         remotes = [self._remote(r) for r in rows if isinstance(r, dict) and parse_label(r.get("name"))]
         return [r for r in remotes if r.status != Status.GONE]
 
+    def _terminate(self, provider_id: str) -> None:
+        self._call("POST", "/instance-operations/terminate", {"instance_ids": [_lambda_id(provider_id)]})
+
     def destroy(self, provider_id: str) -> None:
-        if self.get(provider_id).status == Status.GONE:
+        remote = self.get(provider_id)
+        if remote.status == Status.GONE and not remote.preempted:
             return
         try:
-            self._call("POST", "/instance-operations/terminate", {"instance_ids": [_lambda_id(provider_id)]})
+            self._terminate(provider_id)
         except LambdaError:
             if self.get(provider_id).status != Status.GONE:
                 raise
@@ -307,6 +361,11 @@ class LambdaProvider(Provider):
     def _remote(self, row: dict) -> Remote:
         status_word = row.get("status")
         status = _STATES.get(status_word, Status.PENDING)
+        health = self._unhealthy(str(row.get("id")), status_word == "unhealthy")
+        if health is not None:
+            status = health[0]
+        if status_word == "preempted":
+            self._end_preempted(str(row.get("id")))
         itype = row.get("instance_type") if isinstance(row.get("instance_type"), dict) else {}
         gpu, _ = gpu_from_description(str(itype.get("gpu_description") or ""))
         cents = itype.get("price_cents_per_hour")
@@ -321,9 +380,73 @@ class LambdaProvider(Provider):
             # Lambda sells no spot, yet lists "preempted" among an instance's states: taken back by Lambda.
             preempted=status_word == "preempted",
             private_ip=row.get("private_ip") if isinstance(row.get("private_ip"), str) else None,
-            detail=str(status_word or "") + (f" in {region.get('name')}" if region.get("name") else ""),
+            detail=(health[1] if health else str(status_word or "")) +
+            (f" in {region.get('name')}" if region.get("name") else ""),
             raw={k: v for k, v in row.items() if k not in SECRET_FIELDS},
         )
+
+    def _end_preempted(self, provider_id: str) -> None:
+        """Lambda took it back; orch reads it as gone, so the terminate goes too (idempotent): a
+        preempted instance that Lambda kept would otherwise bill unseen."""
+        try:
+            self._terminate(provider_id)
+        except LambdaError:
+            pass  # already on its way out: the next look says so
+
+    # -- unhealthy: wait, one restart, then broken ---------------------------------------
+    def _health_file(self):
+        from pathlib import Path
+
+        return Path(self.home) / "lambda-unhealthy.json" if self.home else None
+
+    def _health_memory(self) -> dict:
+        path = self._health_file()
+        if path is None:
+            return self.__dict__.setdefault("_health", {})
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _health_keep(self, memory: dict) -> None:
+        path = self._health_file()
+        if path is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(memory))
+        tmp.replace(path)
+
+    def _unhealthy(self, provider_id: str, unhealthy: bool) -> tuple[Status, str] | None:
+        """(status, detail) of an unhealthy instance, counted from its first sighting (kept in orch's
+        home): pending for ``unhealthy_grace``, then one restart and pending again as long, then
+        broken. None for one that is not unhealthy (its sighting is forgotten)."""
+        memory = self._health_memory()
+        if not unhealthy:
+            if provider_id in memory:
+                memory.pop(provider_id)
+                self._health_keep(memory)
+            return None
+        now, grace = time.time(), self.number("unhealthy_grace", UNHEALTHY_GRACE_S)
+        seen = memory.get(provider_id) if isinstance(memory.get(provider_id), dict) else None
+        if seen is None:
+            seen = memory[provider_id] = {"since": now, "restarted": None}
+            self._health_keep(memory)
+        since, restarted = float(seen.get("since") or now), seen.get("restarted")
+        if restarted is None:
+            if now - since < grace:
+                return Status.PENDING, f"unhealthy for {now - since:.0f} s: waiting for Lambda to recover it"
+            try:
+                self._call("POST", "/instance-operations/restart", {"instance_ids": [_lambda_id(provider_id)]})
+                note = "restarted once"
+            except LambdaError as e:
+                note = f"its restart was refused ({e})"
+            seen["restarted"] = now
+            self._health_keep(memory)
+            return Status.PENDING, f"unhealthy for {now - since:.0f} s: {note}, waiting again"
+        if now - float(restarted) < grace:
+            return Status.PENDING, f"unhealthy for {now - since:.0f} s: restarted once, waiting again"
+        return Status.BROKEN, f"unhealthy for {now - since:.0f} s, before and after a restart: given up"
 
     # -- the account's SSH keys --------------------------------------------------------
     def _keys(self) -> list[dict]:
@@ -406,6 +529,8 @@ def _http_error(e, what: str) -> LambdaError:
     error = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
     code = error.get("code") if isinstance(error.get("code"), str) else None
     message = str(error.get("message") or code or e.reason or "")[:200]
+    if status == 403 and code in ACCOUNT_REFUSALS:
+        return AuthError(f"Lambda Cloud refused {what}: {ACCOUNT_REFUSALS[code]} ({code})")
     if status in (401, 403):
         return AuthError(f"Lambda Cloud refused the API key ({what}: HTTP {status}: {message}); check api_key "
                          f"under [providers.lambda] or LAMBDA_API_KEY")

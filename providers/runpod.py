@@ -12,7 +12,8 @@ What RunPod imposes, where it is written, and what this provider does about it:
   while (Transformer Lab retries its lookup "to absorb listing lag"). After such an answer the
   pod is looked up by its name (the orch label) for ``create_lookup_seconds``, and no second
   create is ever sent for it: never two pods for one intent. A refusal that made nothing (a 429
-  HTML page, no capacity) is looked up once, then retried.
+  HTML page, no capacity) is looked up once, then retried. A create that answered is given the same
+  window: a new pod that ``pod(podId)`` does not show yet is pending, not gone.
 - **CUDA**: a pod on a host whose driver is older than the image's CUDA never starts its
   container ("OCI runtime create failed", docs pods/manage-pods): ``runtime`` stays null for ever
   while the pod bills. Every GPU create sends ``allowedCudaVersions`` (docs sdks/graphql/
@@ -292,7 +293,10 @@ class RunPodProvider(Provider):
                 continue
             if not pod:
                 raise NoCapacity("RunPod created nothing for this request (no capacity?)")
-            return self.get(pod["id"])
+            self.made(pod["id"])
+            remote = self.get(pod["id"])
+            # Not visible to a lookup yet (the lag its listing shows): pending, as the create's answer says.
+            return self._remote(pod) if remote.status == Status.GONE or not remote.label else remote
         raise AssertionError("unreachable")
 
     @property
@@ -348,13 +352,16 @@ class RunPodProvider(Provider):
                 fields["allowedCudaVersions"] = cuda
             mutation = "podFindAndDeployOnDemand"
         return (f"mutation {{ {mutation}(input: {literal(fields)}) {{ id name desiredStatus "
-                f"imageName machineId }} }}", mutation)
+                f"imageName machineId costPerHr gpuCount volumeInGb }} }}", mutation)
 
     def get(self, provider_id: str) -> Remote:
         q = f"query {{ pod(input: {{podId: {literal(provider_id)}}}) {{ {POD_FIELDS} }} }}"
         pod = self._query(q)["pod"]
         if pod is None:
-            return Remote(provider_id=provider_id, label="", status=Status.GONE)
+            # A pod this process just made may not be visible yet: pending for the lookup window.
+            return self.unseen(provider_id, self._lookup_window) or \
+                Remote(provider_id=provider_id, label="", status=Status.GONE)
+        self.seen(provider_id)
         return self._remote(pod)
 
     def _remote(self, pod: dict) -> Remote:

@@ -32,9 +32,12 @@ with its reason, by wrapping moto's own classes for the life of the harness (and
   reference) are answered from ``placement_groups``: a name taken answers
   ``InvalidPlacementGroup.Duplicate``, an unknown one ``InvalidPlacementGroup.Unknown``, as does a
   launch into one (RunInstances' ``Placement.GroupName``).
-- **Capacity.** moto always has capacity. EC2 answers ``InsufficientInstanceCapacity`` ("We
-  currently do not have sufficient <type> capacity in the Availability Zone you requested", EC2 API
-  error codes) when a type runs out: ``capacity[type]`` is how many more launches of it succeed.
+- **Capacity and quotas.** moto always has capacity and no quotas. EC2 refuses a launch in a zone
+  that has none with ``InsufficientInstanceCapacity`` ("We currently do not have sufficient ...
+  capacity in the Availability Zone you requested", EC2 API "Error codes"), and one past the
+  account's vCPU quota with ``VcpuLimitExceeded`` / ``MaxSpotInstanceCountExceeded`` (same page):
+  ``no_capacity`` (a set of zones) and ``quota`` (an error code) make it do so, creating nothing.
+  ``capacity[type]`` is how many more launches of a type succeed anywhere (then the same refusal).
 - **The DLAMI.** moto's AMI catalogue has no Deep Learning AMI: ``add_dlami`` registers one owned by
   Amazon (alias ``amazon``), as AWS's are.
 
@@ -79,7 +82,10 @@ class MotoEC2:
         self.spot_history: list[dict[str, Any]] = []  # {region, type, zone, price, at, product}
         self.calls: list[Call] = []
         self.hosts: dict[str, Host] = {}
-        self._fail: dict[str, int] = {}
+        self._fail: dict[str, tuple[int, str, str]] = {}
+        self._failing = ("Unavailable", "")
+        self.no_capacity: set[str] = set()  # zones where a launch is refused for capacity
+        self.quota: str | None = None  # an EC2 quota error code every launch is refused with
         self.placement_groups: dict[str, str] = {}  # name -> strategy
         self.capacity: dict[str, int] = {}  # instance type -> launches of it that still succeed
         self._used: set[str] = set()
@@ -150,9 +156,12 @@ class MotoEC2:
         self.spot_history.append({"region": zone[:-1], "type": itype, "zone": zone, "price": price, "product": product,
                                   "at": datetime.now(timezone.utc) - timedelta(minutes=minutes_ago)})
 
-    def fail(self, action: str, times: int = 1) -> None:
-        """The next ``times`` calls of ``action`` (e.g. DescribeInstances) answer an error."""
-        self._fail[action] = times
+    def fail(self, action: str, times: int = 1, code: str = "Unavailable",
+             message: str = "The service is unavailable. Please try again shortly.") -> None:
+        """The next ``times`` calls of ``action`` (e.g. DescribeInstances) answer the error ``code``
+        (by default EC2's "Unavailable"; a "not found" makes a look miss what is there, as a look
+        taken just before another process made it does)."""
+        self._fail[action] = (times, code, message)
 
     def instance(self, iid: str, region: str = "us-east-1"):
         return self.backend(region).get_instance(iid)
@@ -203,10 +212,11 @@ class MotoEC2:
             action = (response_self.querystring.get("Action") or [""])[0]
             with harness._lock:
                 harness.calls.append(Call(action, {k: v[0] for k, v in response_self.querystring.items() if v}))
-                failing = harness._fail.get(action, 0)
-                if failing:
-                    harness._fail[action] = failing - 1
-            if failing:
+                times, code, message = harness._fail.get(action, (0, "", ""))
+                if times:
+                    harness._fail[action] = (times - 1, code, message)
+                    harness._failing = (code, message)
+            if times:
                 response_self.querystring = {**response_self.querystring, "Action": ["FakeUnavailable"]}
             placement = (response_self.querystring.get("Placement.GroupName") or [None])[0]
             if action == "RunInstances" and placement and placement not in harness.placement_groups:
@@ -214,7 +224,7 @@ class MotoEC2:
             return call_action(response_self)
 
         def fake_unavailable(response_self):
-            raise EC2ClientError("Unavailable", "The service is unavailable. Please try again shortly.")
+            raise EC2ClientError(*harness._failing)
 
         def fake_unknown_placement(response_self):
             name = response_self.querystring["Placement.GroupName"][0]
@@ -227,6 +237,18 @@ class MotoEC2:
         run_instances = InstanceBackend.run_instances
 
         def run(backend, image_id, count, user_data, security_group_names, **kwargs):
+            itype, zone = kwargs.get("instance_type") or "m1.small", kwargs.get("placement")
+            if harness.quota == "VcpuLimitExceeded":
+                raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU "
+                                     "limit of 0 allows for the instance bucket that the specified instance type "
+                                     "belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request "
+                                     "an adjustment to this limit.")
+            if harness.quota:
+                raise EC2ClientError(harness.quota, "Max spot instance count exceeded")
+            if zone in harness.no_capacity:
+                raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient {itype} "
+                                     f"capacity in the Availability Zone you requested ({zone}). Our system will be "
+                                     "working on provisioning additional capacity.")
             token = kwargs.get("client_token")
             for reservation in backend.reservations.values():
                 if token and any(i.client_token == token for i in reservation.instances):

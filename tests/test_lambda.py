@@ -237,19 +237,113 @@ def test_reap_destroys_an_idle_instance_it_cannot_stop(lam, monkeypatch):
     assert fake.live() == []
 
 
-def test_a_preempted_or_broken_instance_is_recorded_so(lam):
+def test_a_preempted_instance_is_terminated_too_and_costs_nothing_from_then_on(lam):
+    """Lambda took it back ("preempted"): orch reads it as gone and sends the terminate anyway, in
+    case Lambda kept it; the row ends destroyed (preempted on the way), so nothing is billed after."""
     fake, _ = lam
     orch = open_orch()
-    spot = arrange_gpu(orch, "taken")
-    fake.preempt(spot.provider_id)
-    assert orch.refresh(orch.ledger.get(spot.id)).state == states.PREEMPTED
-    sick = arrange_gpu(orch, "sick")
-    fake.break_host(sick.provider_id)
-    assert orch.provider("lambda").get(sick.provider_id).status == Status.BROKEN
-    assert orch.refresh(orch.ledger.get(sick.id)).state == states.BROKEN
-    for inst in (spot, sick):
+    taken = arrange_gpu(orch, "taken")
+    fake.preempt(taken.provider_id)
+    assert orch.refresh(orch.ledger.get(taken.id)).state == states.DESTROYED
+    assert legal_path(orch.ledger.events(taken.id))[-3:] == ["preempted", "destroying", "destroyed"]
+    [end] = fake.calls("POST", r"^/instance-operations/terminate$")
+    assert end.body == {"instance_ids": [taken.provider_id]} and end.status == 200
+    assert fake.instances[taken.provider_id]["status"] in ("terminating", "terminated")
+
+
+# -- right after a launch, and an unhealthy instance -------------------------------------------------
+def test_an_ambiguous_launch_is_sent_once_and_its_instance_found_though_not_listed_at_first(lam):
+    """A 5xx after the instance was made, the instance missing from its first reads: one launch,
+    orch keeps looking until it shows, and the new id is pending (not gone) until it is visible."""
+    fake, _ = lam
+    provider = open_orch().provider("lambda")
+    fake.lose_launch_answers, fake.visibility_lag = 1, 3
+    made = provider.create(Request(name="amb", gpu="A10"), label_for("a" * 12, "amb"), config.ssh_key()[1])
+    assert [c.status for c in launches(fake)] == [500], "exactly one launch"
+    assert list(fake.instances) == [made.provider_id]
+    fake.visibility_lag = 2  # a clean launch whose id GET /instances/{id} does not know yet
+    fresh = provider.create(Request(name="new", gpu="A10"), label_for("b" * 12, "new"), config.ssh_key()[1])
+    assert fresh.status == Status.PENDING and fresh.price_hr == pytest.approx(0.75), fresh
+    assert provider.wait_ssh(fresh.provider_id, 60, interval=0.05).status == Status.RUNNING
+    for r in (made, fresh):
+        provider.destroy(r.provider_id)
+    assert fake.live() == []
+
+
+def test_a_launch_whose_instance_never_shows_is_not_repeated_and_the_reaper_adopts_it(lam, orch_home, monkeypatch):
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                    "destroy_timeout": 20, "launch_interval": 0, "launch_lookup_seconds": 0.5})
+    fake.lose_launch_answers, fake.visibility_lag = 1, 10**6
+    up = run_orch("up", "lost1", "--provider", "lambda", "--gpu", "A10", env=env)
+    assert up.returncode == 1 and "no second launch" in up.stderr, up.stderr
+    assert len(launches(fake)) == 1 and len(fake.live()) == 1, "one launch, one instance billing unseen"
+    [row] = fake.instances.values()
+    row["_hidden_reads"] = 0  # Lambda's listing catches up
+
+    reap = run_orch("reap", env={**env, "ORCH_WATCHDOG": "off"}, check=0)
+    assert "lost1" in reap.stdout
+    orch = open_orch()
+    [inst] = orch.ledger.instances(live_only=True)
+    assert inst.provider_id == row["id"] and inst.state == states.READY and inst.price_hr == pytest.approx(0.75)
+    first = orch.ledger.events(inst.id)[0]
+    assert first.actor == "reconcile" and first.reason.startswith("adopted:") and "recorded it failed" in first.reason
+    assert len(launches(fake)) == 1
+    run_orch("down", inst.name, "--no-pull", env=env, check=0)
+    assert fake.live() == []
+
+
+def test_an_instance_unhealthy_for_a_few_reads_becomes_ready(lam, orch_home):
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                    "destroy_timeout": 20, "launch_interval": 0, "unhealthy_grace": 30})
+    fake.boot_unhealthy_reads = 3
+    orch = open_orch()
+    inst = orch.up("sick1", "lambda", Request(name="sick1", gpu="A10"), ssh_timeout=60, prepare=False)
+    assert inst.state == states.READY
+    assert fake.calls("POST", r"/restart$") == [] and fake.calls("POST", r"/terminate$") == []
+    orch.down(inst)
+    assert fake.live() == []
+
+
+def test_an_unhealthy_instance_gets_one_restart_then_is_given_up(lam, orch_home):
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                    "destroy_timeout": 20, "launch_interval": 0, "unhealthy_grace": 0.5})
+    orch = open_orch()
+    provider = orch.provider("lambda")
+    cured = arrange_gpu(orch, "cured")
+    fake.break_host(cured.provider_id)  # unhealthy until something is done about it
+    assert provider.get(cured.provider_id).status == Status.PENDING, "unhealthy is not final"
+    assert provider.wait_ssh(cured.provider_id, 30, interval=0.05).status == Status.RUNNING
+    assert len(fake.calls("POST", r"/restart$")) == 1, "one restart, after the grace"
+
+    fake.restart_cures = False
+    lost = arrange_gpu(orch, "lost")
+    fake.break_host(lost.provider_id)
+    from orchestrator.errors import SSHError
+
+    with pytest.raises(SSHError, match="before and after a restart: given up"):
+        provider.wait_ssh(lost.provider_id, 30, interval=0.05)
+    restarts = [c.body["instance_ids"] for c in fake.calls("POST", r"/restart$")]
+    assert restarts == [[cured.provider_id], [lost.provider_id]]
+    assert orch.refresh(orch.ledger.get(lost.id)).state == states.BROKEN
+    for inst in (cured, lost):
         orch.down(orch.ledger.get(inst.id))
     assert fake.live() == []
+
+
+@pytest.mark.parametrize("code, says", [("global/account-inactive", "account is inactive: verify its email address"),
+                                        ("global/invalid-address", "billing address is invalid")])
+def test_the_launchs_403s_name_their_cause(lam, code, says):
+    fake, env = lam
+    fake.account_refusal = code
+    proc = run_orch("up", "k2", "--provider", "lambda", "--gpu", "A10", env=env)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and error.startswith("orch: error: Lambda Cloud refused"), proc.stderr
+    assert says in error and code in error and "API key" not in proc.stderr
+    assert [c.status for c in launches(fake)] == [403] and fake.instances == {}
+    assert json.loads(run_orch("status", "k2", "--json", env=env, check=0).stdout)["state"] == "failed"
 
 
 netns.isolate(globals())

@@ -156,6 +156,20 @@ def test_create_that_errors_after_creating_returns_the_pod(provider, fake_runpod
     assert sum("myself" in q for q in fake_runpod.queries) == lag + 1  # it looked until the listing showed it
 
 
+def test_a_new_pod_not_visible_to_a_lookup_yet_is_pending_not_gone(provider, fake_runpod, key):
+    """The create answered, and the pod's first lookups answer null: orch waits for it instead of
+    calling it gone (which `orch up` would destroy, a no-op, and record destroyed while it bills)."""
+    fake_runpod.lookup_lag = 3
+    created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert created.status == Status.PENDING and created.price_hr == pytest.approx(0.34), created
+    assert created.label == _label() and created.provider_id == fake_runpod.live()[0].id
+    ready = provider.wait_ssh(created.provider_id, 60, interval=0.05)
+    assert ready.status == Status.RUNNING and ready.endpoint is not None
+    provider.destroy(created.provider_id)
+    assert provider.get(created.provider_id).status == Status.GONE, "once seen, a missing pod is gone"
+    assert fake_runpod.live() == []
+
+
 def test_a_pod_that_never_shows_is_not_created_twice(fake_runpod, key):
     """A 500 after the pod was made, and a listing that lags past the lookup: orch says so and sends no
     second create (RunPod answers the same 500 after making a pod: a retry could make another)."""

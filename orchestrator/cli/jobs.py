@@ -30,8 +30,21 @@ OWN = ("name", "provider", "max_hours", "wait", "as_json")
 
 
 def run(
-    name: str = typer.Argument(..., help="The job's name (lowercase letters, digits, '-'; at most 36): its "
-                                         "instances are NAME-a1, NAME-a2, ..., its weights $ORCH_HOME/runs/NAME."),
+    ctx: typer.Context,
+    name: Optional[str] = typer.Argument(None, help="The job's name (lowercase letters, digits, '-'; at most 36): "
+                                                    "its instances are NAME-a1, NAME-a2, ..., its files "
+                                                    "$ORCH_HOME/runs/NAME. Wins over a task file's name:."),
+    command: Optional[List[str]] = typer.Argument(None, help="-- CMD ARGS...: run this command instead of a "
+                                                             "training (a task without a file)."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="A task file (YAML): resources, setup, run or "
+                                                                   "train, env, secrets, workdir, outputs, "
+                                                                   "checkpoint. Flags override it."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the ranked offers; rent nothing."),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="NAME=VALUE for the command (repeatable)."),
+    secret: Optional[List[str]] = typer.Option(None, "--secret", help="NAME of a variable of this environment the "
+                                                                      "command gets (repeatable; never stored)."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
+                                                                  "working directory."),
     provider: Optional[List[str]] = typer.Option(None, "--provider", "-p", help="Providers to rank (repeatable; "
                                                  "default: every configured one). A CPU job uses the first (or the "
                                                  "default provider)."),
@@ -45,12 +58,30 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     **options,
 ):
-    """Train from a dataset to weights on disk: plan the offer cheapest per job, launch, pull milestones,
-    recover from lost machines, pull everything, destroy. `orch up`'s options apply."""
+    """Train from a dataset to weights on disk, or run any command (`-f task.yaml`, `NAME -- CMD`):
+    plan the offer cheapest per job, launch, pull milestones, recover from lost machines, pull
+    everything, destroy. `orch up`'s options apply."""
     from dataclasses import replace
 
     from orchestrator import config, jobs, plugins, training
 
+    if file is not None or command or env or secret or workdir:
+        from orchestrator.cli import task_run
+
+        got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
+                               max_hours, retries, keep, wait, as_json, options)
+        if got.name is None:  # a command task, started there (or a dry run, printed)
+            if got.job is not None:
+                _show(open_orch(), got.job, as_json)
+                if got.job.state == jobs.FAILED:
+                    sys.exit(1)
+            return
+        name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
+        retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
+    else:
+        max_price = None
+    if name is None:
+        raise UsageError("orch run needs a NAME (`orch run NAME --data ...`, `orch run NAME -- CMD`) or -f task.yaml")
     jobs.check_job_name(name)
     if max_cost is not None and not 0 < max_cost < 1e6:
         raise UsageError(f"--max-cost must be a $ amount above 0, not {max_cost:g}")
@@ -97,11 +128,16 @@ def run(
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images,
-                      nodes=nodes)
+                      max_price=max_price, nodes=nodes)
     t0 = time.monotonic()
     choice = jobs.plan(orch, js)
     jobs.check_plan(choice, max_cost)
     say(f"plan: {choice.line}")
+    if dry_run:
+        from orchestrator.cli import task_run
+
+        task_run.print_offers(orch, js, choice)
+        return
     if max_cost is not None and choice.usd is None:
         say(f"      no estimate for this offer: --max-cost ${max_cost:g} is enforced while it runs")
     job = jobs.create(orch, name, js, choice, max_cost, max_hours, retries, keep, time.monotonic() - t0,
@@ -181,23 +217,29 @@ def _show(orch, job, as_json: bool) -> None:
         emit_json(d)
         return
     out(f"job {d['name']}: {d['state']}" + (f" ({clean(d['reason'], 300)})" if d["reason"] else ""))
-    out(f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
-        + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"] and d["state"] != jobs.COMPLETED
-           else ""))  # a completed job's copies are gone: its weights are home
+    if d.get("kind") == "command":
+        from orchestrator.cli import task_run
+
+        task_run.show_command(d)
+    else:
+        out(f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
+            + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"]
+               and d["state"] != jobs.COMPLETED else ""))  # a completed job's copies are gone: its weights are home
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
-    if d["nodes"] > 1:
+    if (d.get("nodes") or 1) > 1:
         out(f"  nodes    {d['nodes']} per attempt: a group training under torchrun, relaunched as one")
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
     for a in d["attempts"]:
         price = f" ${a['price_hr']:.4f}/hr" if a["price_hr"] is not None else ""
         out(f"  attempt {a['number']}  {a['instance']} on {a['provider']}{price}: {a['state']}"
-            + (f" from epoch {a['start_epoch']}" if a["start_epoch"] else "") + f", ${a['cost']:.4f}"
+            + (f" from epoch {a['start_epoch']}" if a["start_epoch"] and d.get("kind") != "command" else "")
+            + f", ${a['cost']:.4f}"
             + (f" ({clean(a['reason'], 200)})" if a["reason"] else ""))
     if d["phases"]:
         out("  phases   " + ", ".join(f"{k} {v:.1f} s" for k, v in d["phases"].items()))
     if d["weights"]:
-        out(f"  weights  {d['weights']}")
+        out(f"  {'outputs' if d.get('kind') == 'command' else 'weights'}  {d['weights']}")
     if d["state"] in jobs.ACTIVE:
         out(f"  follow   orch jobs show {d['name']} | orch jobs logs {d['name']} -f")
         out(f"  cancel   orch jobs cancel {d['name']}")
@@ -226,7 +268,9 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     for col in ("NAME", "STATE", "ATTEMPTS", "EPOCH", "COST", "WEIGHTS / WHY"):
         t.add_column(col, overflow="fold")
     for d in rows:
-        t.add_row(d["name"], d["state"], str(len(d["attempts"])), f"{d['epoch'] or '-'}/{d['epochs']}",
+        progress = f"{d['epoch'] or '-'}/{d['epochs']}" if d.get("kind") != "command" else \
+            f"exit {d['exit_code']}" if d.get("exit_code") is not None else (d.get("run_state") or "-")
+        t.add_row(d["name"], d["state"], str(len(d["attempts"])), progress,
                   f"${d['cost']:.4f}", escape(d["weights"] or clean(d["reason"], 200) or "-"))
     console().print(t)
 

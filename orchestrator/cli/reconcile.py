@@ -38,3 +38,17 @@ def _line(p) -> str:
     parts += [f"problem: {x}" for x in p.problems]
     return f"{p.listed} listed: " + ("; ".join(parts) if parts else "in step with the ledger")
 
+
+
+@app.command()
+def forget(name: str):
+    """Close the row of an instance its provider confirms gone (one no reconcile could settle).
+    Refused, exit 2, while the provider still shows it or cannot be asked."""
+    from orchestrator import reconcile as rec
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    orch = open_orch()
+    before = orch.instance(name).state
+    inst = rec.forget(orch, name)
+    print(f"{inst.name}: {before} -> {inst.state} (forgotten: its provider confirms it gone)")

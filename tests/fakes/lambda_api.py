@@ -22,6 +22,18 @@ lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes
   and a gone id answers 404 ``global/object-does-not-exist`` (spec ApiErrorInstanceNotFound).
   ``unhealthy`` and ``preempted`` are in the spec's InstanceStatus: ``break_host``/``preempt`` set them.
 - An instance row carries ``jupyter_token`` and ``jupyter_url`` (spec Instance), a login to it.
+- ``unhealthy`` is not final (SkyPilot's sky/provision/lambda_cloud/instance.py maps it to INIT, a
+  state that goes on): ``break_host(id, reads=N)`` makes an instance unhealthy for N reads, then
+  active again; ``/instance-operations/restart`` (spec restartInstance) reboots an unhealthy one
+  back to active unless ``restart_cures`` is False.
+- A launch has no idempotency token (spec InstanceLaunchRequest has none), so a launch whose answer
+  is lost made an instance all the same: ``lose_launch_answers`` (next N launches make the instance,
+  then answer 500). A new instance may be missing from ``GET /instances`` and ``/instances/{id}``
+  for its first reads (``visibility_lag``), as RunPod's listings lag a create (Transformer Lab's
+  client retries its lookup "to absorb listing lag").
+- The launch's 403s (spec launchInstance 403): ``account_refusal`` set to
+  ``global/account-inactive`` or ``global/invalid-address`` answers each with the spec's
+  message and suggestion.
 - SSH: the key named at launch is root's authorized key (Lambda Stack puts it in ``ubuntu``'s; these
   hosts have only root) and sshd listens on port 22 of the instance's ``ip``, as on Lambda: run the
   fake in a network namespace of its own (tests/netns.py), where port 22 of a 127.x address is free.
@@ -106,6 +118,11 @@ class FakeLambda:
         self.boot_polls = boot_polls  # GETs an instance spends booting
         self.terminate_polls = terminate_polls  # GETs a terminated instance still shows as terminating
         self.launch_interval = launch_interval
+        self.lose_launch_answers = 0
+        self.visibility_lag = 0
+        self.account_refusal: str | None = None
+        self.restart_cures = True
+        self.boot_unhealthy_reads = 0  # a new instance is unhealthy for its first N reads after booting
         self.instances: dict[str, dict] = {}
         self.ssh_keys: list[dict] = []
         self.requests: list[Recorded] = []
@@ -158,10 +175,12 @@ class FakeLambda:
             self._halt(instance_id)
             self.instances[instance_id]["status"] = "preempted"
 
-    def break_host(self, instance_id: str) -> None:
+    def break_host(self, instance_id: str, reads: int | None = None) -> None:
+        """Unhealthy: for ever, or for the next ``reads`` reads of it (then active again)."""
         with self._lock:
             self._halt(instance_id)
             self.instances[instance_id]["status"] = "unhealthy"
+            self.instances[instance_id]["_sick_reads"] = reads
 
     def live(self) -> list[dict]:
         """Instances that exist and bill: not terminated, not on their way out, not taken back by Lambda."""
@@ -220,13 +239,15 @@ class FakeLambda:
         if method == "GET" and path == "/instances":
             rows = []
             for iid in list(self.instances):
+                if self._hidden(iid):
+                    continue
                 row = self._look(iid)
                 if row is not None:
                     rows.append(row)
             return 200, {"data": rows}
         if m := re.fullmatch(r"/instances/([^/]+)", path):
             if method == "GET":
-                row = self._look(m[1])
+                row = None if self._hidden(m[1]) else self._look(m[1])
                 if row is None:
                     return 404, _error("global/object-does-not-exist", "Specified instance does not exist.")
                 return 200, {"data": row}
@@ -249,6 +270,12 @@ class FakeLambda:
 
     # -- instances -----------------------------------------------------------------------
     def _launch(self, body: dict):
+        if self.account_refusal == "global/account-inactive":
+            return 403, _error(self.account_refusal, "Your account is inactive.", "Make sure you have verified your "
+                               "email address and have a valid payment method. Contact Support if problems continue.")
+        if self.account_refusal == "global/invalid-address":
+            return 403, _error(self.account_refusal, "Your billing address is invalid.", "Make sure your billing "
+                               "address is valid. Contact Support if problems continue.")
         for field in ("region_name", "instance_type_name", "ssh_key_names"):
             if field not in body:
                 return 400, _error("global/invalid-parameters", f"Missing required field: {field}.")
@@ -297,7 +324,19 @@ class FakeLambda:
             "_key": key["public_key"], "_image": body.get("image"),
         }
         self._polls[iid] = 0
+        self.instances[iid]["_hidden_reads"] = self.visibility_lag
+        if self.lose_launch_answers > 0:  # made, and the answer lost on the way back
+            self.lose_launch_answers -= 1
+            return 500, _error("global/unknown", "Internal server error.")
         return 200, {"data": {"instance_ids": [iid]}}
+
+    def _hidden(self, iid: str) -> bool:
+        """A new instance not visible yet (``visibility_lag``): this read misses it."""
+        row = self.instances.get(iid)
+        if row is None or not row.get("_hidden_reads"):
+            return False
+        row["_hidden_reads"] -= 1
+        return True
 
     def _look(self, iid: str) -> dict | None:
         """The instance as a GET shows it now (each look moves a booting or terminating one on)."""
@@ -307,6 +346,13 @@ class FakeLambda:
         self._polls[iid] = self._polls.get(iid, 0) + 1
         if row["status"] == "booting" and self._polls[iid] >= self.boot_polls:
             self._boot(iid)
+            if self.boot_unhealthy_reads:
+                self.break_host(iid, reads=self.boot_unhealthy_reads)
+        elif row["status"] == "unhealthy" and row.get("_sick_reads") is not None:
+            if row["_sick_reads"] <= 0:
+                self._boot(iid)  # healthy again
+            else:
+                row["_sick_reads"] -= 1
         elif row["status"] == "terminating" and self._polls[iid] > self.terminate_polls:
             row["status"] = "terminated"
             return None
@@ -344,6 +390,9 @@ class FakeLambda:
             elif row["status"] == "active":  # restart: the machine reboots, every process ends
                 self._halt(iid)
                 self._boot(iid)
+            elif row["status"] == "unhealthy":
+                if self.restart_cures:
+                    self._boot(iid)
             done.append({k: copy.deepcopy(v) for k, v in row.items() if not k.startswith("_")})
         return 200, {"data": {"restarted_instances" if verb == "restart" else "terminated_instances": done}}
 

@@ -26,7 +26,9 @@ where that is written:
   ``cu1281``); the real runtime reads the image's ``NVIDIA_REQUIRE_CUDA``.
 - **Listing lag**: a new pod may be missing from ``myself { pods }`` for a while (Transformer
   Lab's client, api/transformerlab/compute_providers/runpod.py, retries its lookup "to absorb
-  listing lag"; runpodctl issue #172 for the 500 after the pod was made).
+  listing lag"; runpodctl issue #172 for the 500 after the pod was made). ``lookup_lag`` does the
+  same to ``pod(input: {podId})`` for a new pod: it answers null for the next N lookups (the
+  create's own answer still carries the pod, as RunPod's does).
 
     with FakeRunPod(tmp_path) as fake:       # or the ``fake_runpod`` fixture
         os.environ["RUNPOD_API_BASE_URL"] = fake.url
@@ -265,6 +267,7 @@ class Pod:
     host_cuda: str | None = None  # the CUDA its host's driver reports (GPU pods)
     stuck: bool = False  # its container never starts (a driver older than the image's CUDA)
     hidden_listings: int = 0  # listings of ``myself { pods }`` left that do not show it yet
+    hidden_lookups: int = 0  # ``pod(input: {podId})`` queries left that answer null for it
     gone_polls: int = 0  # polls left showing TERMINATED before the pod vanishes
     started: float = field(default_factory=time.time)
     changed: float = field(default_factory=time.time)
@@ -280,8 +283,8 @@ class FakeRunPod:
     ``listing_failure`` "error" or "null"), ``listing_lag`` (a new pod is missing from the next N
     listings), ``no_capacity`` (next N creates refused), ``refuse_resume`` (next N resumes refused),
     ``fail_stop`` / ``fail_terminate`` (next N podStop / podTerminate answer 500 and do nothing),
-    ``terminate_ignored`` (next N podTerminate answer as usual and do nothing, as ``terminate_pod``
-    cannot tell), ``runtime_delay`` (polls with ``runtime`` null after each (re)start),
+    ``lookup_lag`` (a new pod's next N ``pod`` lookups answer null), ``terminate_ignored`` (next N
+    podTerminate answer as usual and do nothing, as ``terminate_pod`` cannot tell), ``runtime_delay`` (polls with ``runtime`` null after each (re)start),
     ``terminate_lag`` (polls a terminated pod still shows), ``host_cudas`` (see HOST_CUDAS),
     ``image_files`` (files every new pod's image has, as hosts.py writes them: a broken tool).
     ``queries`` holds every query received, in order."""
@@ -303,6 +306,7 @@ class FakeRunPod:
         self.refuse_resume = 0
         self.terminate_ignored = 0
         self.listing_lag = 0
+        self.lookup_lag = 0
         self.fail_stop = 0
         self.fail_terminate = 0
         self.host_cudas = list(HOST_CUDAS)
@@ -413,6 +417,10 @@ class FakeRunPod:
             if f.name == "pod":
                 pod_id = (f.args.get("input") or {}).get("podId")
                 self._check_scope(scope, pod_id)
+                pod = self.pods.get(pod_id)
+                if pod is not None and pod.hidden_lookups > 0:  # made, not visible to a lookup yet
+                    pod.hidden_lookups -= 1
+                    return None
                 return project(self._pod_view(pod_id), f.selections, "Pod")
             if f.name == "myself":
                 self._check_scope(scope, None)
@@ -552,7 +560,7 @@ class FakeRunPod:
                   volume_gb=volume, container_gb=int(given.get("containerDiskInGb") or 0),
                   mount=given.get("volumeMountPath") if volume else None, root=root,
                   key="rpa_pod_" + secrets.token_hex(12), vcpus=vcpus, memory_gb=memory, host_cuda=host_cuda,
-                  hidden_listings=self.listing_lag)
+                  hidden_listings=self.listing_lag, hidden_lookups=self.lookup_lag)
         self.pods[pod_id] = pod
         self._boot(pod)
         if self.fail_create_after > 0:  # RunPod has answered 500 after making the pod

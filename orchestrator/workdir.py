@@ -1,0 +1,106 @@
+"""A task's workdir: the local folder a command runs in on the instance, packed for the upload.
+
+What is left out follows the folder's own ``.gitignore`` and ``.orchignore`` (the patterns git
+users already keep: ``name``, ``*.ext``, ``dir/``, ``/rooted``, ``**``; ``!`` re-includes), and
+``.git`` always. Links are not followed (one pointing outside would carry files the user never
+meant to send). The size cap (``workdir_max_mb``) is checked on what would be sent, before
+anything is rented: a workdir is code and small files, a dataset goes another way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import tarfile
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+
+IGNORE_FILES = (".gitignore", ".orchignore")
+ALWAYS = [".git/"]
+
+
+def patterns(root: Path) -> list[str]:
+    found = list(ALWAYS)
+    for name in IGNORE_FILES:
+        try:
+            text = (root / name).read_text(errors="replace")
+        except OSError:
+            continue
+        found += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return found
+
+
+def _matches(pattern: str, rel: str, is_dir: bool) -> bool:
+    if pattern.endswith("/"):
+        if not is_dir:
+            return False
+        pattern = pattern.rstrip("/")
+    rooted = pattern.startswith("/") or "/" in pattern
+    pattern = pattern.lstrip("/")
+    if rooted:
+        return fnmatch.fnmatchcase(rel, pattern) or fnmatch.fnmatchcase(rel, pattern.replace("**/", ""))
+    return fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], pattern)
+
+
+def excluded(rel: str, is_dir: bool, pats: list[str]) -> bool:
+    out = False
+    for p in pats:  # the last matching pattern decides, as in git
+        neg = p.startswith("!")
+        if _matches(p[1:] if neg else p, rel, is_dir):
+            out = not neg
+    return out
+
+
+def files(root: Path, pats: list[str]) -> list[tuple[str, int]]:
+    """(relative path, size) of every regular file that would be sent, in a stable order."""
+    root = Path(root)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
+                             and not excluded(rel_dir + d, True, pats))
+        for f in sorted(filenames):
+            full = os.path.join(dirpath, f)
+            if os.path.islink(full) or not os.path.isfile(full) or excluded(rel_dir + f, False, pats):
+                continue
+            out.append((rel_dir + f, os.path.getsize(full)))
+    return out
+
+
+def measure(root: Path, max_mb: float, where: str) -> tuple[int, int]:
+    """(bytes, files) the workdir would send; refused over its cap, or when it is not a folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UsageError(f"{where}: workdir {str(root)!r} is not a folder")
+    listed = files(root, patterns(root))
+    total = sum(size for _, size in listed)
+    if total > max_mb * 1e6:
+        biggest = sorted(listed, key=lambda x: -x[1])[:3]
+        raise UsageError(f"{where}: workdir {root} is {total / 1e6:.1f} MB to send, over its cap of {max_mb:g} MB "
+                         f"(largest: {', '.join(f'{r} {s / 1e6:.1f} MB' for r, s in biggest)}): list what stays "
+                         "home in .orchignore, or raise workdir_max_mb")
+    return total, len(listed)
+
+
+def pack(root: Path, cache: Path) -> tuple[Path, int]:
+    """The workdir as a plain tar in orch's cache, named by its content; (path, bytes)."""
+    root = Path(root)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f"workdir-{os.getpid()}.tar"
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, _ in files(root, patterns(root)):
+            info = tar.gettarinfo(str(root / rel), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(root / rel, "rb") as f:
+                tar.addfile(info, f)
+    h = hashlib.sha256()
+    with open(tmp, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    final = cache / f"workdir-{h.hexdigest()[:16]}.tar"
+    os.replace(tmp, final)
+    return final, final.stat().st_size
