@@ -5,6 +5,8 @@ config.toml, all keys optional::
     default_provider = "local"
     ssh_timeout_minutes = 20
     job_unreachable_minutes = 10  # `orch run`: an attempt unreachable this long is lost
+    pull_max_gb = 50      # what one pull of a run brings home at most (ORCH_PULL_MAX_GB)
+    pull_log_mb = 64      # each log's newest part that comes home (ORCH_PULL_LOG_MB)
 
     [policy]              # defaults for the reaper and the watchdog
     idle_minutes = 10
@@ -63,12 +65,13 @@ _SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
 NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job")  # what notify.py posts
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
         "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
-        "job_unreachable_minutes": (int, float)}
+        "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float)}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
 _RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10),
-           "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60)}
+           "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60),
+           "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6)}
 
 
 def _check(data: dict, path: Path) -> None:

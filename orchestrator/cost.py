@@ -133,7 +133,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     t = text.strip()
     if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in ("d", "h", "m"):
         unit = {"d": "days", "h": "hours", "m": "minutes"}[t[-1]]
-        return now - timedelta(**{unit: float(t[:-1])})
+        try:
+            return now - timedelta(**{unit: float(t[:-1])})
+        except OverflowError:  # before year 1: everything the ledger holds
+            return datetime.min.replace(tzinfo=timezone.utc)
     try:
         return _utc(datetime.fromisoformat(t.replace("Z", "+00:00")))
     except ValueError:

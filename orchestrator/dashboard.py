@@ -8,8 +8,10 @@ answers only requests addressed to 127.0.0.1 or localhost (a page elsewhere that
 name to 127.0.0.1 gets nothing).
 
 Routes: ``/`` the page; ``/api/instances`` (``?all=1`` with ended ones), ``/api/instances/NAME``,
-``/api/spend``, ``/api/runs``; ``/monitor/NAME`` starts ``orch monitor NAME`` (the forward to the
-run's ``libreyolo monitor``) as a child process and redirects there.
+``/api/spend``, ``/api/runs``; a POST to ``/monitor/NAME`` from the dashboard's own page (its
+``Origin``) starts ``orch monitor NAME`` (the forward to the run's ``libreyolo monitor``) as a child
+process and redirects there. A GET changes nothing: it redirects to a monitor already running, or
+offers the button that POSTs (a plain GET from curl or another local process starts no process).
 
 Figures: spend is ``cost``'s arithmetic (time in each state at the price paid at launch); uptime
 is the time since the instance last began billing compute; "idle for" is what the ledger knows:
@@ -422,7 +424,7 @@ def _runs_table(rows: list[dict]) -> str:
 
 
 # -- the server ------------------------------------------------------------------------------------
-CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; frame-ancestors 'none'"
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'"
 
 
 class Dashboard(ThreadingHTTPServer):
@@ -477,6 +479,12 @@ class Dashboard(ThreadingHTTPServer):
             tail = errors.read()[-2000:].decode(errors="replace").strip().splitlines()
             raise OrchError(f"orch monitor {name} did not start: {tail[-1] if tail else 'no output'}")
 
+    def running_monitor(self, name: str) -> str | None:
+        """The URL of ``orch monitor NAME``'s forward when this dashboard started it and it still runs."""
+        with self._monitor_lock:
+            known = self.monitors.get(name)
+            return known[1] if known is not None and known[0].poll() is None else None
+
     def stop_monitors(self) -> None:
         for proc, _ in self.monitors.values():
             if proc.poll() is None:
@@ -498,6 +506,24 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         self.do_GET()
+
+    def do_POST(self):
+        """Only the monitor's button: anything else is read-only (405)."""
+        parts = [p for p in urlsplit(self.path).path.split("/") if p]
+        if self.headers.get("Host") not in self.server.hosts:
+            return self._send(HTTPStatus.FORBIDDEN, "text/plain", "orch dashboard answers 127.0.0.1 and localhost only\n")
+        if len(parts) != 2 or parts[0] != "monitor":
+            return self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain", "the dashboard is read-only\n")
+        # Browsers send Origin with every POST: only the dashboard's own page may start a process.
+        if self.headers.get("Origin") != f"http://{self.headers.get('Host')}" or \
+                self.headers.get("Sec-Fetch-Site", "same-origin") != "same-origin":
+            return self._error(HTTPStatus.FORBIDDEN, "start the monitor from the dashboard itself")
+        try:
+            return self._monitor(parts[1], start=True)
+        except OrchError as err:
+            return self._error(HTTPStatus.BAD_GATEWAY, str(err))
+        except BrokenPipeError:
+            return None
 
     def do_GET(self):
         if self.headers.get("Host") not in self.server.hosts:
@@ -536,7 +562,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
         return self._json(HTTPStatus.OK, data)
 
-    def _monitor(self, name: str):
+    def _monitor(self, name: str, start: bool = False):
         # A link on another site must not start processes here: browsers say where a navigation came from.
         if self.headers.get("Sec-Fetch-Site", "none") not in ("same-origin", "none"):
             return self._error(HTTPStatus.FORBIDDEN, "open the monitor from the dashboard itself")
@@ -544,7 +570,14 @@ class Handler(BaseHTTPRequestHandler):
         d = snap.detail(name) if NAME.fullmatch(name) else None
         if d is None or d["state"] != states.READY:
             return self._error(HTTPStatus.NOT_FOUND, f"no ready instance named {name}")
-        url = self.server.monitor(name)
+        url = self.server.monitor(name) if start else self.server.running_monitor(name)
+        if url is None:  # a GET: the button that POSTs, nothing started
+            return self._send(HTTPStatus.OK, "text/html", (
+                f"<!doctype html><html lang=en><head><meta charset=utf-8><link rel=icon href=\"data:,\">"
+                f"<title>orch monitor {e(name)}</title><style>{STYLE}</style></head><body><main>"
+                f"<h2>monitor of {e(name)}</h2><p>starts <code>orch monitor {e(name)}</code> on this machine</p>"
+                f'<form method="post" action="/monitor/{e(name)}"><button type="submit">start the monitor</button>'
+                f'</form><p><a href="/">back to the fleet</a></p></main></body></html>'))
         self.send_response(HTTPStatus.SEE_OTHER)
         self.send_header("Location", url)
         self.send_header("Content-Length", "0")

@@ -117,8 +117,12 @@ def label_path(image: Path) -> Path:
 
 
 def _find_yaml(path: Path) -> Path:
-    if not path.exists():
-        raise UsageError(f"dataset not found: {path}")
+    try:
+        found = path.exists()
+    except OSError:  # a name too long for the file system
+        found = False
+    if not found:
+        raise UsageError(f"dataset not found: {str(path)[:200]}")
     if path.is_dir():
         for name in ("data.yaml", "data.yml"):
             if (path / name).is_file():

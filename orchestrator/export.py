@@ -37,7 +37,9 @@ EMBEDDED = (
     ("train_entry.py", ("build",)),
     ("hub_push.py", ("OrchHubPush",)),
     ("extract.py", ("orch_extract",)),
-    ("checkpoint.py", ("_REAL", "_Stub", "_Inert", "_epoch_of", "read_zip", "read_legacy", "check")),
+    ("checkpoint.py", ("_DTYPES", "_STORAGES", "_QSCHEMES", "ALLOWED", "_REAL", "MAX_PICKLE", "_STRINGS", "_GETS",
+                       "_PUTS", "_NEUTRAL", "_resolved", "allowed", "refused_global", "_Stub", "_Inert", "_epoch_of",
+                       "read_zip", "check")),
 )
 PACKAGES = ["libreyolo>=1.6,<2", "huggingface_hub>=0.24"]
 HOUR = 3600

@@ -58,7 +58,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import claims, states
+from orchestrator import checkpoints, claims, states
 from orchestrator.errors import HostKeyMismatch, NoCapacity, OrchError, SSHError, UsageError
 from orchestrator.provider import Request
 from orchestrator.text import clean
@@ -141,7 +141,7 @@ def metrics_epochs(path: Path, limit: int = 64 << 20) -> list[int]:
     for line in data.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         epoch = row.get("epoch") if isinstance(row, dict) else None
         if isinstance(epoch, int) and not isinstance(epoch, bool) and 0 < epoch <= 100_000:
@@ -157,7 +157,7 @@ def pulled_epoch(folder: Path) -> int | None:
     found = metrics_epochs(folder / "metrics.jsonl")
     try:
         st = json.loads((folder / "status.json").read_text()[:1 << 20])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         st = None
     if isinstance(st, dict):
         def num(key):
@@ -304,7 +304,7 @@ def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> No
 def _loads(text: str | None, default):
     try:
         value = json.loads(text) if text else default
-    except ValueError:
+    except (ValueError, RecursionError):
         return default
     return value if isinstance(value, type(default)) else default
 
@@ -562,7 +562,7 @@ def _trimmed_metrics(path: Path, epoch: int) -> str:
     for line in lines:
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         e = row.get("epoch") if isinstance(row, dict) else None
         if isinstance(e, int) and not isinstance(e, bool) and 0 < e <= epoch:
@@ -586,6 +586,10 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
 
     if not (src / "weights" / "last.pt").is_file():
         drop(f"the resume copy {src} is missing: attempt starts over at epoch 1")
+        return None
+    _, unsafe = checkpoints.vet(src / "weights" / "last.pt")  # checked here again before it goes anywhere
+    if unsafe:
+        drop(f"the resume copy (epoch {ckpt_epoch}) is not uploaded: {unsafe}; attempt starts over at epoch 1")
         return None
     staged = None
     for node in group_jobs.nodes_of(orch, inst):  # a group resumes from last.pt on EVERY node
@@ -693,6 +697,10 @@ def _complete_from_copies(orch, job, js: JobSpec):
     """The resume copy already holds the last epoch (the instance went after its last epoch and
     before its final pull): its last.pt and the milestones pulled before are the job's weights."""
     src = checkpoint_dir(orch.home, job.name, job.checkpoint_epoch)
+    _, unsafe = checkpoints.vet(src / "weights" / "last.pt")
+    if unsafe:  # changed at home since it was kept: never handed to the user as the job's weights
+        return _finish_job(orch, job, FAILED, f"the copy of epoch {job.checkpoint_epoch} is no checkpoint to keep: "
+                                              f"{unsafe}")
     dest = weights_dir(orch.home, job.name)
     (dest / "weights").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src / "weights" / "last.pt", dest / "weights" / "last.pt")
@@ -885,7 +893,7 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
             files = []
             for rel in ("weights/last.pt", "metrics.jsonl"):
                 entry = sums.get(rel)
-                listed, _ = pulling.run_files([[rel, entry[0], entry[1]]] if isinstance(entry, list) and len(entry) == 3
+                listed, _ = pulling.run_files([[rel, entry[0], entry[1]]] if isinstance(entry, list) and len(entry) >= 3
                                               else [])
                 files += listed
             if len(files) != 2:
@@ -893,6 +901,12 @@ def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
             dest = checkpoint_dir(orch.home, job.name, epoch)
             shutil.rmtree(dest, ignore_errors=True)  # what an interrupted pull of this epoch left
             pulling.pull(c, snap, files, dest, log=lambda m: None, strict=True)
+    # The instance's answer is its own: the copy is kept only if the same check says so here.
+    held, why = checkpoints.vet(dest / "weights" / "last.pt")
+    if why is not None or held != epoch:
+        shutil.rmtree(dest, ignore_errors=True)
+        return None, f"the copy of last.pt from {inst.name} is not kept: " + (why or f"it holds epoch {held} here, "
+                                                                                      f"not the {epoch} it claimed")
     rows = metrics_epochs(dest / "metrics.jsonl")
     if (max(rows) if rows else 0) < epoch:
         shutil.rmtree(dest, ignore_errors=True)

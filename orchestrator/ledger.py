@@ -204,28 +204,31 @@ class Ledger:
 
     # -- schema ------------------------------------------------------------------------
     def revision(self) -> str | None:
-        with self.engine.connect() as conn:
+        try:
+            conn = self.engine.connect()
+        except DatabaseError as e:  # not a database at all (a corrupt or foreign file)
+            raise OrchError(f"cannot open the ledger at {_shown(self.url)}: "
+                            f"{' '.join(str(e.orig or e).split())[:300]}") from None
+        with conn:
             try:
                 return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
             except Exception:
                 return None
 
     def ensure_schema(self) -> None:
-        """Apply migrations when the database is behind; a cheap read when it is not. A ledger
-        written by a newer orch is left alone: this one would not know its schema."""
-        found = self.revision()
-        if found == HEAD:
-            return
-        from migrations import known
+        """Apply migrations when the database is behind; a cheap read when it is not."""
+        if self.revision() != HEAD:
+            self.upgrade()
 
+    def upgrade(self) -> None:
+        """Migrate to this orch's schema. A ledger written by a newer orch is left alone: this one
+        would not know its schema (``orch db upgrade`` says so too, in one line)."""
+        from migrations import known, upgrade
+
+        found = self.revision()
         if found is not None and found not in known():
             raise OrchError(f"the ledger at {_shown(self.url)} was written by a newer orch (schema {found}; "
                             f"this orch knows up to {HEAD}): upgrade orch")
-        self.upgrade()
-
-    def upgrade(self) -> None:
-        from migrations import upgrade
-
         upgrade(self.engine)
 
     def session(self) -> Session:
@@ -475,7 +478,7 @@ class Ledger:
         raw = self.get_meta(key)
         try:
             return json.loads(raw) if raw else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
     def set_meta(self, key: str, value: str) -> None:
@@ -489,7 +492,7 @@ class Ledger:
 def _memory(inst: Instance) -> dict:
     try:
         memory = json.loads(inst.memory) if inst.memory else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return memory if isinstance(memory, dict) else {}
 

@@ -103,7 +103,8 @@ def post(url: str, text: str) -> threading.Thread:
 
 
 def drain(timeout: float = TIMEOUT_S) -> None:
-    """Wait for posts still in flight, ``timeout`` seconds at most in all (at exit)."""
+    """Wait for posts still in flight, ``timeout`` seconds at most in all (at exit). A webhook that
+    never answers would otherwise lose them in silence as the process ends: said once, for all."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -111,6 +112,11 @@ def drain(timeout: float = TIMEOUT_S) -> None:
         pending = list(_threads)
     for thread in pending:
         thread.join(max(deadline - time.monotonic(), 0))
+    with _lock:
+        unanswered = sum(1 for t in _threads if t.is_alive())
+        _threads.clear()  # their own timeout, if it ever comes, says nothing more
+    if unanswered:
+        _warn(f"{unanswered} post(s) unanswered after {timeout:g} s, dropped")
 
 
 def _slack_escape(text: str) -> str:
@@ -130,11 +136,11 @@ def _send(url: str, text: str) -> None:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
             response.read(4096)
     except urllib.error.HTTPError as e:
-        _warn(f"HTTP {e.code}")
+        _say(f"HTTP {e.code}")
     except urllib.error.URLError as e:
-        _warn(_scrub(str(e.reason), url))
+        _say(_scrub(str(e.reason), url))
     except (OSError, ValueError) as e:  # a timeout, a reset, a URL urllib cannot use
-        _warn(_scrub(str(e) or type(e).__name__, url))
+        _say(_scrub(str(e) or type(e).__name__, url))
     finally:
         with _lock:
             if threading.current_thread() in _threads:
@@ -148,6 +154,14 @@ def _scrub(text: str, url: str) -> str:
         if len(secret) >= 4:
             text = text.replace(secret, "…")
     return clean(text, 200) or "failed"
+
+
+def _say(why: str) -> None:
+    """A post's own failure, unless ``drain`` has already given up on it (and said so)."""
+    with _lock:
+        mine = threading.current_thread() in _threads
+    if mine:
+        _warn(why)
 
 
 def _warn(why: str) -> None:

@@ -174,10 +174,8 @@ def _r(x: float | None, digits: int = 6) -> float | None:
 
 
 # -- asking the providers ----------------------------------------------------------------------
-def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> Answer:
-    """Every asked provider's offers, normalised, filtered, estimated and ranked."""
-    from orchestrator import config, plugins
-
+def check_query(query: Query, job: Job | None = None) -> str:
+    """The query's own checks (before anything is opened); returns the sort it ranks by."""
     if query.mode not in MODES:
         raise UsageError(f"mode must be one of {', '.join(MODES)}, not {query.mode!r}")
     sort = query.sort or ("job" if job else "hourly")
@@ -185,6 +183,14 @@ def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> A
         raise UsageError(f"--sort takes hourly or job, not {sort!r}")
     if sort == "job" and not job:
         raise UsageError("--sort job needs a job: --epochs N with --data or --dataset-gb")
+    return sort
+
+
+def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> Answer:
+    """Every asked provider's offers, normalised, filtered, estimated and ranked."""
+    from orchestrator import config, plugins
+
+    sort = check_query(query, job)
     known = plugins.providers()
     names = list(dict.fromkeys(query.providers or sorted(known)))
     for name in names:

@@ -34,6 +34,7 @@ MARK = "# orch's instances as orch-NAME (`orch ssh-config --uninstall` removes t
 
 _ALIAS = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # what the ledger takes as a name (lifecycle.check_name)
 _HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:-]{0,252}")  # a host name, IPv4 or IPv6 address: no option, no space
+_WORD = re.compile(r"[A-Za-z0-9_.-]{1,40}")
 _KEY = re.compile(r"(?P<type>[a-z0-9][a-z0-9@.-]{0,63}) (?P<blob>[A-Za-z0-9+/]{16,8192}={0,3})")
 
 
@@ -87,6 +88,13 @@ def entry(row: dict) -> tuple[str, str] | None:
             f"{host_id(hostname, port)} {key}\n")
 
 
+def _word(value) -> str:
+    """A ledger value for the comment above a Host block: one plain word, else '?'. The ledger may be
+    shared (PostgreSQL) and anyone who can write it must not add a line (a ``Host *`` with a
+    ``ProxyCommand``) to a file every member's ssh reads."""
+    return value if isinstance(value, str) and _WORD.fullmatch(value) else "?"
+
+
 def render(rows: list[dict]) -> tuple[str, str, list[str]]:
     """(ssh_config text, known-hosts text, names left out) for the ledger's live rows."""
     blocks, known, skipped = [], [], []
@@ -96,11 +104,16 @@ def render(rows: list[dict]) -> tuple[str, str, list[str]]:
             if row.get("ssh_host") and row.get("host_key"):
                 skipped.append(str(row.get("name"))[:40])  # an endpoint and a key, but not clean ones
             continue
-        blocks.append(f"# {row['name']}: {row.get('state')} on {row.get('provider')}\n{made[0]}")
+        blocks.append(f"# {row['name']}: {_word(row.get('state'))} on {_word(row.get('provider'))}\n{made[0]}")
         known.append(made[1])
     head = ("# Written by orch from its ledger after every transition: edits here are lost.\n"
             "# `orch ssh-config` prints this file's path; `orch ssh-config --install` includes it in ~/.ssh/config.\n")
-    return head + "".join("\n" + b for b in blocks), "".join(known), skipped
+    text = head + "".join("\n" + b for b in blocks)
+    # Every line is one orch wrote: a comment, a blank, a Host line or one of its eight options.
+    odd = [line for line in text.splitlines() if line and not line.startswith(("# ", "Host " + PREFIX, "    "))]
+    if odd or len(text.splitlines()) != 2 + 10 * len(blocks) or len(known) != sum(k.count("\n") for k in known):
+        raise OrchError(f"refusing to write {path()}: a ledger value would add a line of its own")
+    return text, "".join(known), skipped
 
 
 def write() -> tuple[Path, list[str], list[str]]:
@@ -174,27 +187,36 @@ def install() -> tuple[bool, Path | None]:
     return True, backup
 
 
-def uninstall() -> tuple[bool, Path | None]:
-    """Take out what ``install`` added (the mark, the Include line, the blank line after them)."""
+def uninstall() -> tuple[bool, Path | None, list[str]]:
+    """Take out what ``install`` added for this ORCH_HOME (the mark, its Include line, the blank line
+    after them). Returns (changed, the backup made, the Include lines of other ORCH_HOMEs, left as
+    they are: each is taken out by ``--uninstall`` under its own home)."""
     cfg = user_config()
     old = _read(cfg)
     lines = old.splitlines(keepends=True)
-    ours = {MARK, include_line()}
-    keep, dropped, after_ours = [], False, False
-    for line in lines:
-        if line.strip() in ours:
-            dropped = after_ours = True
+    mine = include_line()
+    keep, others, dropped, i = [], [], False, 0
+    while i < len(lines):
+        line = lines[i].strip()
+        after = lines[i + 1].strip() if i + 1 < len(lines) else None
+        if line == MARK and after == mine:
+            i += 2
+        elif line == mine:
+            i += 1
+        else:
+            if line == MARK and after and after.startswith("Include "):
+                others.append(after)
+            keep.append(lines[i])
+            i += 1
             continue
-        if after_ours and not line.strip():
-            after_ours = False
-            continue  # the blank line install put after them
-        after_ours = False
-        keep.append(line)
+        dropped = True
+        if i < len(lines) and not lines[i].strip():
+            i += 1  # the blank line install put after them
     if not dropped:
-        return False, None
+        return False, None, others
     backup = _backup(cfg, old)
     _write_user(cfg, "".join(keep))
-    return True, backup
+    return True, backup, others
 
 
 def pw_home_differs() -> str | None:

@@ -83,12 +83,21 @@ def check_spec(spec: TrainSpec) -> None:
         raise UsageError(f"--batch must be -1 (autobatch) or between 1 and 65536, not {spec.batch}")
     if spec.save_period is not None and not 1 <= spec.save_period <= 100_000:
         raise UsageError(f"--save-period must be between 1 and 100000, not {spec.save_period}")
+    if not spec.data.startswith("hf://") and not _is_dir(spec.data):
+        raise UsageError(f"dataset not found: {clean(spec.data, 200)!r} is no folder")  # before anything is opened
     if spec.push_to:
         from orchestrator.hub import check_repo_id
 
         if not spec.push_to.startswith("hf://"):
             raise UsageError(f"--push-to takes hf://ORG/REPO, not {spec.push_to!r}")
         check_repo_id(spec.push_to[5:].strip("/"))
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return Path(path).expanduser().is_dir()
+    except (OSError, ValueError, RuntimeError):  # a name too long, a NUL, a ~user that does not exist
+        return False
 
 
 def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
@@ -242,8 +251,11 @@ def _ensure_checkpoint(orch, inst, c, run_dir: str, epochs: int) -> None:
         local = pulled_dir(orch, inst.name) / "weights" / "last.pt"
         if not local.exists():
             raise OrchError(f"nothing to resume: no last.pt on the instance nor in {local.parent}")
-        from orchestrator import remote
+        from orchestrator import checkpoints, remote
 
+        _, unsafe = checkpoints.vet(local)  # checked here before it goes anywhere
+        if unsafe:
+            raise OrchError(f"not resuming: {unsafe}")
         remote.run(c, f"mkdir -p {_q(run_dir + '/weights')}")
         c.sftp().put(str(local), f"{run_dir}/weights/last.pt")
         info = host.script(c, "checkpoint.py", f"{run_dir}/weights/last.pt")
@@ -383,10 +395,26 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))
         files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
-        got = pulling.pull(c, run.run_dir, files, target, log=lambda m: None, strict=not only_milestones)
+        left = []
+        got = pulling.pull(c, run.run_dir, files, target, strict=not only_milestones, bounds=run_bounds(run),
+                           log=lambda m: left.append(m) if m.startswith("left on the instance") else None)
+    for line in left if not only_milestones else []:  # what the bounds left: said, and on the instance's record
+        orch.say(f"      {line}")
+        orch.ledger.note(inst.id, line[:500], orch.actor)
     if got or not only_milestones:
         orch.ledger.update_run(run.id, pulled_at=datetime.now(timezone.utc))
     return got, target
+
+
+def run_bounds(run):
+    """What ``run`` could have written (its epochs, its save period) and the pull caps."""
+    from playbooks import pull as pulling
+
+    try:
+        period = json.loads(run.args or "{}").get("save_period")
+    except (ValueError, AttributeError, RecursionError):
+        period = None
+    return pulling.Bounds.of_run(run.epochs, period)
 
 
 def progress_line(view: dict) -> str:

@@ -143,7 +143,7 @@ def read_state(orch, inst) -> dict | None:
         try:
             with c.sftp().open(f"{host.workdir(c)}/watchdog.json") as f:
                 data = json.loads(f.read(1 << 20))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
     return data if isinstance(data, dict) else None
 

@@ -78,7 +78,7 @@ def answer(out: str, what: str) -> dict:
         if line.startswith(MARKER):
             try:
                 data = json.loads(line[len(MARKER):])
-            except ValueError:
+            except (ValueError, RecursionError):
                 break
             if isinstance(data, dict):
                 return data

@@ -69,6 +69,7 @@ from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefus
 from orchestrator.hookspecs import hookimpl
 from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, Request, Status, parse_label,
                                    stopped_rate)
+from orchestrator.remote import USER
 
 # On-demand $/hr, Linux, US East (N. Virginia), as AWS publishes them on
 # https://aws.amazon.com/ec2/pricing/on-demand/ (checked against a copy of June 2026: g5.xlarge
@@ -118,6 +119,7 @@ QUOTAS = {
 # The families the default Deep Learning AMI runs (its release notes: "Supported EC2 instances").
 DLAMI_FAMILIES = {"g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"}
 REGIONS_FILE = "aws-regions.json"  # in orch's home: every region orch has created an instance in
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")  # us-east-1, ap-southeast-2, us-gov-west-1
 _ID = re.compile(r"(?P<iid>i-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
@@ -164,10 +166,15 @@ class AWSProvider(Provider):
             value = self.settings.get(key)
             if value is not None and (not isinstance(value, str) or not value.strip() or not value.isprintable()):
                 raise UsageError(f"[providers.aws] {key} must be a non-empty string, not {value!r}")
+        # Checked here, before anything is rented: a user that is an ssh option or a region that is
+        # no region name would otherwise fail only once the instance bills.
+        if self.settings.get("ssh_user") is not None and not USER.fullmatch(self.settings["ssh_user"]):
+            raise UsageError(f"[providers.aws] ssh_user must be a login name, not {self.settings['ssh_user']!r}")
+        if self.settings.get("region") is not None and not _REGION.fullmatch(self.settings["region"]):
+            raise UsageError(f"[providers.aws] region must be a region name (us-east-1), not {self.settings['region']!r}")
         regions = self.settings.get("regions")
         if regions is not None and (not isinstance(regions, list) or not regions or
-                                    not all(isinstance(r, str) and re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", r)
-                                            for r in regions)):
+                                    not all(isinstance(r, str) and _REGION.fullmatch(r) for r in regions)):
             raise UsageError(f"[providers.aws] regions must be a list of region names, not {regions!r}")
         if self.settings.get("shutdown_behavior", "stop") not in ("stop", "terminate"):
             raise UsageError("[providers.aws] shutdown_behavior must be stop or terminate")

@@ -165,6 +165,16 @@ def test_read_only_and_local_only(board, orch_home):
         status = get(board + "api/instances", method=method, data=b"{}")[0]
         assert status in (405, 501), (method, status)
     assert get(board + "monitor/big", headers={"Sec-Fetch-Site": "cross-site"})[0] == 403
+    # A plain GET (curl, another local process) starts nothing: it is offered the button that POSTs.
+    status, _, body = get(board + "monitor/big")
+    assert status == 200 and '<form method="post" action="/monitor/big">' in body
+    # Starting the monitor is a POST from the dashboard's own origin, and only that.
+    for headers in ({}, {"Origin": "http://attacker.example"}, {"Origin": f"http://127.0.0.1:{port}",
+                                                                "Sec-Fetch-Site": "cross-site"}):
+        assert get(board + "monitor/big", method="POST", headers=headers, data=b"")[0] == 403, headers
+    # (From its own origin it tries: this fleet's instances are rows only, so the monitor cannot start.)
+    mine = get(board + "monitor/big", method="POST", headers={"Origin": f"http://127.0.0.1:{port}"}, data=b"")
+    assert mine[0] == 502 and "did not start" in mine[2], mine
     # A page elsewhere that points its own name at 127.0.0.1 gets nothing.
     assert get(board, headers={"Host": f"attacker.example:{port}"})[0] == 403
     for _ in range(3):

@@ -63,11 +63,25 @@ def up(
 
         if cheapest:
             raise UsageError("--cheapest picks one machine: a group names its --provider (and --gpu)")
+        renter(provider or plugins.default_provider()).validate(request)  # before anything is opened
         groups.up(name, provider, request, nodes, spec=spec, policy=policy, disk_given=disk is not None,
                   ssh_timeout=ssh_timeout, wait=wait, as_json=as_json)
         return
+    chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
+    auto_cpu = False
+    if not cheapest:  # the provider that will rent is known: what it cannot do is refused before anything is opened
+        named = plugins.default_provider() if provider is None else provider
+        caps = renter(named).capabilities
+        # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
+        auto_cpu = not chose and not caps.gpu and caps.cpu_only
+        renter(named).validate(replace(request, cpu=True) if auto_cpu else request)
     if resume:
         refuse_reached(config.home() / "runs" / name, epochs)
+        pulled = config.home() / "runs" / name / "weights" / "last.pt"
+        if pulled.exists():  # the copy a new instance would be given: checked before anything is opened
+            from orchestrator import checkpoints
+
+            checkpoints.refuse_unsafe(pulled)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
@@ -87,10 +101,8 @@ def up(
         from orchestrator import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
-    chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
     provider = plugins.default_provider() if provider is None else provider
-    if not chose and not orch.provider(provider).capabilities.gpu and orch.provider(provider).capabilities.cpu_only:
-        # A first `orch up NAME` on a laptop: a CPU instance rather than an error (an explicit --gpu is still refused).
+    if auto_cpu:
         request = replace(request, cpu=True)
         say(f"{provider} has no GPU on this machine: {name} is a CPU instance (--provider and --gpu choose otherwise)")
     holder = {}
@@ -137,11 +149,25 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
                       image=image, spot=spot, bid=bid, offer=offer)
     check_request(name, request)
     if provider is not None:
-        cls = plugins.provider_class(provider)  # an unknown provider is refused before anything is opened
-        if spot and not cls.capabilities.spot:
-            raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+        refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
     check_group_options(name, nodes, spec, request, provider, resume=resume, job=need_data)
     return policy, spec, request
+
+
+def refuse_spot(provider: str, spot: bool) -> None:
+    """--spot on a provider named: refused up front when it has none."""
+    from orchestrator import plugins
+
+    cls = plugins.provider_class(provider)
+    if spot and not cls.capabilities.spot:
+        raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+
+
+def renter(provider: str):
+    """The provider that will rent, built from its settings alone (no ledger opened), to ask what it can do."""
+    from orchestrator import config, plugins
+
+    return plugins.provider_class(provider)(config.provider_settings(provider), config.home())
 
 
 def check_group_options(name, nodes, spec, request, provider, resume: bool = False, job: bool = False):
@@ -161,14 +187,7 @@ def check_group_options(name, nodes, spec, request, provider, resume: bool = Fal
     groups.check_name(name, nodes)
     if resume:
         raise UsageError("--resume on a group: `orch run NAME --nodes N --resume` resumes it on every node")
-    groups.check_provider(provider_for_check(provider or plugins.default_provider()), nodes, request)
-
-
-def provider_for_check(name: str):
-    """A provider object to ask what it can do; nothing is opened or created by making one."""
-    from orchestrator import config, plugins
-
-    return plugins.provider_class(name)(config.provider_settings(name), config.home())
+    groups.check_provider(renter(provider or plugins.default_provider()), nodes, request)
 
 
 def refuse_reached(folder, epochs: int) -> None:
@@ -319,7 +338,9 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
         node: Optional[int] = typer.Option(None, "--node", help="A group's node, by rank (default 0, the head).")):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
     from orchestrator import config, groups, remote
+    from orchestrator.lifecycle import check_name
 
+    check_name(name)
     orch = open_orch()
     inst = groups.resolve(orch, name, node)
     if not inst.ssh_host:

@@ -63,7 +63,7 @@ def run(
     everything, destroy. `orch up`'s options apply."""
     from dataclasses import replace
 
-    from orchestrator import config, jobs, plugins, training
+    from orchestrator import checkpoints, config, jobs, plugins, training
 
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
@@ -91,12 +91,14 @@ def run(
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     for p in providers:
-        plugins.provider_class(p)
+        instances.renter(p)  # an unknown provider, or one whose settings are wrong, before anything is opened
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
     nodes = options["nodes"]
     if nodes > 1:
         providers = _group_providers(name, nodes, providers, request)
+    if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
+        instances.renter(providers[0] if providers else plugins.default_provider()).validate(request)
     chose_period = spec.save_period is None
     if chose_period:
         spec.save_period = jobs.default_save_period(spec.epochs)
@@ -105,6 +107,7 @@ def run(
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
+        checkpoints.refuse_unsafe(folder / "weights" / "last.pt")
     elif folder.is_dir() and any(folder.iterdir()):
         raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
                          "from its weights/last.pt")
@@ -168,9 +171,9 @@ def _group_providers(name: str, nodes: int, providers: list[str], request) -> li
         providers = [plugins.default_provider()]
     if providers:
         for p in providers:
-            groups.check_provider(instances.provider_for_check(p), nodes, request)
+            groups.check_provider(instances.renter(p), nodes, request)
         return providers
-    able = [p for p in plugins.providers() if instances.provider_for_check(p).capabilities.groups]
+    able = [p for p in plugins.providers() if instances.renter(p).capabilities.groups]
     if not able:
         raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
     return able

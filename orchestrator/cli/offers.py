@@ -107,6 +107,7 @@ def offers(
         raise UsageError(f"--disk must be between 1 and 20000 GB, not {disk}")
     query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price,
                     providers=provider or None, sort=sort)
+    o.check_query(query, job)
     orch = open_orch()
     answer = o.search(orch, query, job, fresh=fresh)
     if nodes > 1:

@@ -83,8 +83,11 @@ def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h.
     """Install the schedule (a systemd user timer, else a crontab entry, else a detached loop)."""
     from orchestrator import schedule
 
+    seconds = schedule.parse_every(every)  # both checked before anything is opened
+    if backend != "auto" and backend not in schedule.BACKENDS:
+        raise UsageError(f"--backend must be auto or one of {', '.join(schedule.BACKENDS)}, not {backend!r}")
     orch = open_orch()
-    info = schedule.install(orch.ledger, orch.home, schedule.parse_every(every), backend)
+    info = schedule.install(orch.ledger, orch.home, seconds, backend)
     c = console()
     c.print(f"reaper installed ({info['backend']}): `{info['command']}` every {info['every']} s")
     c.print(f"  environment  {info['env_file']} (0600): {', '.join(info['carried'])}")
@@ -135,8 +138,8 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
     from orchestrator import cost as costs
 
-    orch = open_orch()
     start = costs.parse_since(since) if since else None
+    orch = open_orch()
     rows, totals = costs.report(orch.ledger, name, start)
     if as_json:
         emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],

@@ -8,6 +8,7 @@ import typer
 
 from orchestrator.cli.app import app, open_orch, out, say
 from orchestrator.errors import UsageError
+from orchestrator.text import clean
 
 
 @app.command("ssh-config")
@@ -24,11 +25,14 @@ def ssh_config(
     if install and uninstall:
         raise UsageError("--install and --uninstall exclude each other")
     if uninstall:
-        changed, backup = sshconfig.uninstall()
+        changed, backup, others = sshconfig.uninstall()
         for f in (sshconfig.path(), sshconfig.known_hosts_path()):
             f.unlink(missing_ok=True)
         say(f"removed the Include line from {sshconfig.user_config()} (backup: {backup})" if changed else
-            f"{sshconfig.user_config()} has no Include line of orch's")
+            f"{sshconfig.user_config()} has no Include line of this ORCH_HOME's")
+        for line in others:
+            say(f"left `{clean(line)}` in {sshconfig.user_config()}: another ORCH_HOME's (`orch ssh-config "
+                "--uninstall` with that ORCH_HOME takes it out)")
         say(f"removed {sshconfig.path()}: orch no longer keeps an ssh_config")
         return
     if install:

@@ -24,7 +24,7 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
     except tarfile.ReadError as e:
         raise SystemExit(f"{tar_path} is not a plain tar ({e}): pack it with `tar cf`, uncompressed")
     with tar:
-        members, tops, total = [], set(), 0
+        members, tops, total, kinds = [], set(), 0, {}
         for m in tar:
             members.append(m)
             if max_members is not None and len(members) > max_members:
@@ -32,6 +32,12 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
             parts = [p for p in m.name.split("/") if p not in ("", ".")]
             if m.name.startswith("/") or "\\" in m.name or ".." in parts or not (m.isfile() or m.isdir()):
                 raise SystemExit(f"refusing unsafe member {m.name!r} in {tar_path}")
+            # One name, one kind: a folder and a file of the same name (or a file with members under
+            # it) cannot both be unpacked; said here rather than as an error halfway through.
+            for depth in range(1, len(parts) + 1):
+                name, kind = "/".join(parts[:depth]), "dir" if depth < len(parts) or m.isdir() else "file"
+                if kinds.setdefault(name, kind) != kind:
+                    raise SystemExit(f"refusing {tar_path}: {name!r} is both a folder and a file in it")
             total += m.size if m.isfile() else 0
             if max_bytes is not None and total > max_bytes:
                 raise SystemExit(f"{tar_path} unpacks to more than {max_bytes} bytes: refusing")
@@ -41,7 +47,10 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
             raise SystemExit(f"{tar_path} must hold one top folder, found {sorted(tops)}")
         if hasattr(tarfile, "data_filter"):
             tar.extractall(dest, members=members, filter="data")
-        else:  # a Python without PEP 706 filters: the checks above are the filter
+        else:  # a Python without PEP 706 filters: the checks above, and what the data filter does to modes
+            for m in members:  # no setuid, setgid or sticky bit, no write for others, owned by whoever unpacks
+                m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
+                m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
             tar.extractall(dest, members=members)
     root = dest / tops.pop()
     found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
@@ -58,7 +67,8 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
         config.pop("path", None)
         text = json.dumps({"path": str(root), **config}, indent=2) + "\n"
     else:
-        kept = [line for line in text.splitlines() if not re.match(r"path\s*:", line)]
+        # Every top-level spelling of the key, quoted too (YAML reads "path": as path:, and the last one wins).
+        kept = [line for line in text.splitlines() if not re.match(r"""(path|"path"|'path')\s*:""", line)]
         text = "\n".join([f"path: {json.dumps(str(root))}", *kept]) + "\n"
     tmp = data_yaml.with_name(f".{data_yaml.name}.tmp")
     tmp.write_text(text)
