@@ -124,6 +124,8 @@ def groups(costs: list[Cost]) -> dict[str, dict]:
         for k in ("total_usd", "running_usd", "stopped_usd", "idle_usd"):
             g[k] += getattr(c, k)
         g["nodes"].append({"name": c.name, "node_rank": c.node_rank, "total_usd": c.total_usd})
+    for g in out.values():
+        g["nodes"].sort(key=lambda n: n["node_rank"] or 0)  # rank order, whichever node was made first
     return out
 
 
