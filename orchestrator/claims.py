@@ -29,13 +29,14 @@ def _key(name: str) -> str:
 
 class _FileLock:
     def __init__(self, directory, key: str):
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory = directory
         self.path = directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock")
         self.fd: int | None = None
 
     def acquire(self) -> bool:
         import fcntl
 
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -51,6 +52,24 @@ class _FileLock:
         if self.fd is not None:
             os.close(self.fd)  # closing drops the flock
             self.fd = None
+
+    def taken(self) -> bool:
+        """Whether another holds it, changing nothing: a file nobody made is nobody's lock (a
+        holder makes it before locking it), and a look writes no pid (``busy`` asks this of every
+        instance in a reaper pass)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing drops the flock
+        return False
 
     def holder(self) -> str:
         try:
@@ -161,6 +180,9 @@ def busy(ledger, name: str) -> bool:
     """Whether another process holds the claim on ``name`` right now."""
     if (ledger.url, _key(name)) in _held:
         return False
+    lock = _lock(ledger, _key(name))
+    if isinstance(lock, _FileLock):
+        return lock.taken()
     with try_hold(ledger, name) as got:
         return not got
 

@@ -65,13 +65,14 @@ _SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
 NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job")  # what notify.py posts
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
         "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
-        "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float)}
+        "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float),
+        "reaper_parallel": int}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
 _RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10),
            "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60),
-           "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6)}
+           "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6), "reaper_parallel": (1, 256)}
 
 
 def _check(data: dict, path: Path) -> None:

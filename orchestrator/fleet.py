@@ -44,11 +44,11 @@ def show(include_ended: bool, as_json: bool) -> None:
 def table(rows: list[dict]) -> str:
     """Plain aligned columns: Rich's Table takes most of a second for a thousand rows."""
     from orchestrator.text import clean
-    from orchestrator.views import age
+    from orchestrator.views import age, columns
 
     if not rows:
         return "no instances (start one with `orch up NAME`)\n"
-    out = [("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE")]
+    out = []
 
     def line(r, name):
         gpu = "cpu" if r["cpu_only"] else f"{r['gpus']}x {clean(r['gpu_name'] or r['gpu'], 40) or '?'}"
@@ -69,8 +69,7 @@ def table(rows: list[dict]) -> str:
         out.append((key[0], r["provider"], "/".join(sorted({n["state"] for n in nodes})), f"{key[1]} nodes",
                     f"{sum(n['price_hr'] for n in nodes):.3f}", f"orch ssh {key[0]} --node R", age(r["created_at"])))
         out += [line(n, f"  {n['name']} (rank {n.get('node_rank')})") for n in nodes]
-    widths = [max(len(row[i]) for row in out) for i in range(len(out[0]))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in out)
+    return columns(("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE"), out)
 
 
 def reconcile_note(last_run: str | None, last_report: str | None) -> str:

@@ -6,6 +6,11 @@ Alembic migrations in ``migrations/``; these models must match them (a test chec
 
 Every state change is a compare-and-set on the current state plus an append-only event, in
 one transaction, so two orch processes can never both move the same instance.
+
+On SQLite a transaction that writes begins ``IMMEDIATE`` (it takes the write lock first, so a
+read-then-write never fails halfway on a lock it cannot upgrade); one that only reads begins
+plain (deferred): under WAL it reads its snapshot and never waits for a writer, nor makes a
+writer wait. A report beside a long reaper pass or an ``orch up`` answers at once.
 """
 
 from __future__ import annotations
@@ -192,9 +197,10 @@ class Ledger:
                     raise OrchError(f"cannot open the ledger at {self.path}: {e.strerror or e}") from None
             self.engine = create_engine(url, connect_args={"timeout": 30, "isolation_level": None})
             event.listen(self.engine, "connect", _sqlite_pragmas)
-            event.listen(self.engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+            event.listen(self.engine, "begin", _sqlite_begin)
         else:
             self.engine = _engine(url)
+        self._reader = self.engine.execution_options(orch_read_only=True)
         if upgrade:
             try:
                 self.ensure_schema()
@@ -205,7 +211,7 @@ class Ledger:
     # -- schema ------------------------------------------------------------------------
     def revision(self) -> str | None:
         try:
-            conn = self.engine.connect()
+            conn = self._reader.connect()  # a read: a plain BEGIN (see the module's docstring)
         except DatabaseError as e:  # not a database at all (a corrupt or foreign file)
             raise OrchError(f"cannot open the ledger at {_shown(self.url)}: "
                             f"{' '.join(str(e.orig or e).split())[:300]}") from None
@@ -231,8 +237,9 @@ class Ledger:
                             f"this orch knows up to {HEAD}): upgrade orch")
         upgrade(self.engine)
 
-    def session(self) -> Session:
-        return Session(self.engine, expire_on_commit=False)
+    def session(self, write: bool = True) -> Session:
+        """A session; ``write=False`` for one that only reads (a plain BEGIN on SQLite)."""
+        return Session(self.engine if write else self._reader, expire_on_commit=False)
 
     # -- instances ---------------------------------------------------------------------
     def create_instance(self, actor: str = "cli", reason: str = "requested", **fields: Any) -> Instance:
@@ -252,18 +259,18 @@ class Ledger:
         return inst
 
     def get(self, instance_id: str) -> Instance | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.get(Instance, instance_id)
 
     def by_name(self, name: str, live_only: bool = True) -> Instance | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Instance).where(Instance.name == name)
             if live_only:
                 q = q.where(Instance.state.in_(states.LIVE))
             return s.exec(q.order_by(Instance.created_at.desc())).first()
 
     def instances(self, live_only: bool = False, provider: str | None = None) -> list[Instance]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Instance)
             if live_only:
                 q = q.where(Instance.state.in_(states.LIVE))
@@ -366,7 +373,7 @@ class Ledger:
             s.commit()
 
     def events(self, instance_id: str | None = None) -> list[Event]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Event)
             if instance_id:
                 q = q.where(Event.instance_id == instance_id)
@@ -389,16 +396,16 @@ class Ledger:
             return s.get(Run, run_id)
 
     def latest_run(self, instance_id: str) -> Run | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.exec(select(Run).where(Run.instance_id == instance_id)
                           .order_by(Run.id.desc())).first()
 
     def first_run(self, instance_id: str) -> Run | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.exec(select(Run).where(Run.instance_id == instance_id).order_by(Run.id)).first()
 
     def runs(self, instance_id: str | None = None) -> list[Run]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Run)
             if instance_id is not None:
                 q = q.where(Run.instance_id == instance_id)
@@ -421,15 +428,15 @@ class Ledger:
 
     def job(self, name: str) -> Job | None:
         """The newest job of that name."""
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.exec(select(Job).where(Job.name == name).order_by(Job.created_at.desc())).first()
 
     def get_job(self, job_id: str) -> Job | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return s.get(Job, job_id)
 
     def jobs(self, states_: Iterable[str] | None = None) -> list[Job]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             q = select(Job)
             if states_ is not None:
                 q = q.where(Job.state.in_(tuple(states_)))
@@ -464,12 +471,12 @@ class Ledger:
             return s.get(Attempt, attempt_id)
 
     def attempts(self, job_id: str) -> list[Attempt]:
-        with self.session() as s:
+        with self.session(write=False) as s:
             return list(s.exec(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)))
 
     # -- meta --------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
-        with self.session() as s:
+        with self.session(write=False) as s:
             row = s.get(Meta, key)
             return row.value if row else None
 
@@ -490,11 +497,9 @@ class Ledger:
 
 
 def _memory(inst: Instance) -> dict:
-    try:
-        memory = json.loads(inst.memory) if inst.memory else {}
-    except (ValueError, RecursionError):
-        return {}
-    return memory if isinstance(memory, dict) else {}
+    from orchestrator.ledger_rows import memory
+
+    return memory(inst)
 
 
 def _shown(url: str) -> str:
@@ -513,6 +518,11 @@ def _engine(url: str):
     except ImportError as e:
         raise UsageError(f"no database driver for {_shown(url)} ({e.name or e}): for PostgreSQL install "
                          "orch's postgres extra (psycopg)") from None
+
+
+def _sqlite_begin(conn) -> None:
+    """IMMEDIATE for a transaction that may write, plain for a reader (see the module's docstring)."""
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("orch_read_only") else "BEGIN IMMEDIATE")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

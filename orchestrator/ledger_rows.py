@@ -30,6 +30,18 @@ def live(columns: tuple[str, ...], url: str | None = None) -> list[dict]:
     return _sqlalchemy(url, query, columns)
 
 
+def memory(row) -> dict:
+    """What orch remembers about an instance (``Ledger.remember``), from its row (a model or a
+    ``snapshot`` row): a reaper pass reads it from the rows it has, asking no query per instance."""
+    import json
+
+    try:
+        found = json.loads(row.memory) if row.memory else {}
+    except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def open_ro(db: Path) -> sqlite3.Connection:
     """A SQLite ledger opened read-only: mode=ro never creates the file; the path is quoted, as a
     '?' or '#' in it would end the URI."""

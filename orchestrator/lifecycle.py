@@ -15,13 +15,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from orchestrator import claims, config, states
 from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
-from orchestrator.ledger import Instance, Ledger
 from orchestrator.provider import Provider, Remote, Request, Status
 from orchestrator.text import why as _why
+
+if TYPE_CHECKING:  # SQLAlchemy and SQLModel load with the ledger, when it is opened (0.3 s)
+    from orchestrator.ledger import Instance, Ledger
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_DISK_GB = 20_000
@@ -60,6 +62,28 @@ def check_request(name: str, request: Request) -> None:
             raise UsageError(f"{what} takes a printable value of at most 200 characters")
 
 
+class LazyLedger:
+    """The ledger, opened (SQLAlchemy imported, the schema checked) at its first real use. Its
+    ``url``, ``sqlite`` and ``path`` answer without opening it (``snapshot`` and ``claims`` need no more)."""
+
+    def __init__(self, url: str):
+        import threading
+
+        self.url = url
+        self.sqlite = url.startswith("sqlite")
+        self.path = config.sqlite_path(url) if self.sqlite else None
+        self._opened = None
+        self._lock = threading.Lock()  # the reaper's parallel looks may be first to need it
+
+    def __getattr__(self, name: str):
+        with self._lock:
+            if self._opened is None:
+                from orchestrator.ledger import Ledger
+
+                self._opened = Ledger(self.url)
+        return getattr(self._opened, name)
+
+
 @dataclass
 class Orch:
     """What every command needs: the ledger, orch's home, who is acting, where to report."""
@@ -70,7 +94,10 @@ class Orch:
     say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)
 
     @classmethod
-    def open(cls, actor: str = "cli", say: Callable[[str], None] | None = None) -> "Orch":
+    def open(cls, actor: str = "cli", say: Callable[[str], None] | None = None, lazy: bool = False) -> "Orch":
+        """``lazy``: the ledger opens on first use, so a command that may not need it (``orch offers``)
+        or reads it whole through ``snapshot`` (``orch cost``, ``orch reap --dry-run``) never pays
+        for SQLAlchemy."""
         home = config.home()
         url = config.database_url(home)  # refuses a URL that would lose the ledger before anything is made
         if home.exists() and not home.is_dir():
@@ -79,7 +106,12 @@ class Orch:
             home.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as e:
             raise OrchError(f"cannot make orch's home {home}: {e.strerror or e}") from None
-        orch = cls(Ledger(url), home, actor)
+        if lazy:
+            orch = cls(LazyLedger(url), home, actor)
+        else:
+            from orchestrator.ledger import Ledger
+
+            orch = cls(Ledger(url), home, actor)
         if say:
             orch.say = say
         for warning in config.warnings(home):

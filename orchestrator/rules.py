@@ -37,8 +37,8 @@ MIN_STOP_WINDOW_H = 1.0  # auto: a break-even shorter than this is not worth kee
 
 def utc(dt: datetime | None) -> datetime | None:
     """SQLite hands datetimes back naive; every one orch stores is UTC."""
-    if dt is None:
-        return None
+    if dt is None or dt.tzinfo is timezone.utc:  # the ledger's own: as it is (a pass over 10,000 asks 60,000 times)
+        return dt
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 

@@ -13,8 +13,9 @@ def clean(value, limit: int = 300) -> str | None:
     """``value`` as one printable line of at most ``limit`` characters; None stays None."""
     if value is None:
         return None
-    text = _ANSI.sub("", value if isinstance(value, str) else str(value))
-    text = "".join(c if c.isprintable() else " " for c in text)
+    text = value if isinstance(value, str) else str(value)
+    if not text.isprintable():  # the character loop only where there is something to take out
+        text = "".join(c if c.isprintable() else " " for c in _ANSI.sub("", text))
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

@@ -39,15 +39,17 @@ def self_stop_commands(provider, inst) -> dict[str, str]:
     return commands
 
 
-def history(orch, inst, run=None) -> rules.Facts:
-    """The rules' facts for ``inst``, from the ledger."""
+def history(orch, inst, run=None, fleet=None) -> rules.Facts:
+    """The rules' facts for ``inst``, from the ledger, or from ``fleet`` (a ``snapshot`` of it
+    already read: the reaper's pass reads the whole fleet's events and runs in one query each)."""
     try:
         can_stop = orch.provider(inst.provider).capabilities_for(inst.spot).stop
     except OrchError:
         can_stop = False
-    return rules.facts(inst, orch.ledger.events(inst.id), orch.ledger.first_run(inst.id),
-                       run if run is not None else orch.ledger.latest_run(inst.id), can_stop,
-                       datetime.now(timezone.utc))
+    rows = fleet if fleet is not None else orch.ledger
+    events = fleet.events_of(inst.id) if fleet is not None else orch.ledger.events(inst.id)
+    return rules.facts(inst, events, rows.first_run(inst.id), run if run is not None else rows.latest_run(inst.id),
+                       can_stop, datetime.now(timezone.utc))
 
 
 def config(orch, inst, work: str, commands: dict[str, str]) -> dict[str, Any]:

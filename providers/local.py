@@ -72,16 +72,21 @@ class LocalProvider(Provider):
         return Capabilities(stop=True, spot=False, cpu_only=True, gpu=bool(self.gpus), self_stop=True,
                             self_destroy=True, groups=True)
 
-    @property
+    @cached_property
     def root(self) -> Path:
         return Path(self.home) / "local"
 
     def _dir(self, provider_id: str) -> Path:
         return self.root / provider_id
 
+    @cached_property
+    def _root(self) -> str:  # strings, not pathlib, where a reaper pass asks for every local instance
+        return str(self.root)
+
     def _meta(self, provider_id: str) -> dict | None:
         try:
-            return json.loads((self._dir(provider_id) / "meta.json").read_text())
+            with open(f"{self._root}/{provider_id}/meta.json") as f:
+                return json.load(f)
         except FileNotFoundError:
             return None
 
@@ -121,7 +126,7 @@ class LocalProvider(Provider):
         meta = self._meta(provider_id)
         if meta is None:
             return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE)
-        alive = running(self._dir(provider_id))
+        alive = running(f"{self._root}/{provider_id}")
         return Remote(
             provider_id=provider_id, label=meta["label"], status=Status.RUNNING if alive else Status.STOPPED,
             endpoint=Endpoint(meta["host"], meta["port"], self.ssh_user) if alive else None,
@@ -359,9 +364,10 @@ def instance_pids(instance_id: str) -> list[int]:
     return pids
 
 
-def sshd_pid(root: Path) -> int | None:
+def sshd_pid(root: Path | str) -> int | None:
     try:
-        pid = int((root / "sshd.pid").read_text().split()[0])
+        with open(os.path.join(root, "sshd.pid")) as f:
+            pid = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
     try:
@@ -370,10 +376,10 @@ def sshd_pid(root: Path) -> int | None:
     except OSError:
         return None
     # A recycled pid must not be killed: check it is our sshd with our config.
-    return pid if str(root / "sshd_config").encode() in cmdline else None
+    return pid if os.path.join(root, "sshd_config").encode() in cmdline else None
 
 
-def running(root: Path) -> bool:
+def running(root: Path | str) -> bool:
     return sshd_pid(root) is not None
 
 

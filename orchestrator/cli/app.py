@@ -32,10 +32,11 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def open_orch(actor: str = "cli"):
+def open_orch(actor: str = "cli", lazy: bool = False):
+    """Orch for a command; ``lazy``: its ledger opens at first use (``Orch.open``)."""
     from orchestrator.lifecycle import Orch
 
-    return Orch.open(actor=actor, say=say)
+    return Orch.open(actor=actor, say=say, lazy=lazy)
 
 
 def emit_json(data) -> None:

@@ -108,7 +108,7 @@ def offers(
     query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price,
                     providers=provider or None, sort=sort)
     o.check_query(query, job)
-    orch = open_orch()
+    orch = open_orch(lazy=True)  # the ledger opens only for a job's measured epoch times
     answer = o.search(orch, query, job, fresh=fresh)
     if nodes > 1:
         # The same factor on every row: the ranking stands. Providers that cannot rent a group are no answer.

@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app, console, emit_json, open_orch, say
+from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
 from orchestrator.errors import UsageError
+from orchestrator.text import clean
 
 reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this shell.", no_args_is_help=True)
 app.add_typer(reaper_app, name="reaper")
-
-
-def _outcomes_table(outcomes, dry_run: bool) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    c = console()
-    if not outcomes:
-        c.print("no live instances")
-        return
-    t = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROVIDER", "STATE", "DECISION", "$/HR SAVED", "REASON"):
-        t.add_column(col, overflow="fold")
-    for o in outcomes:
-        saved = f"{o.saved_hr:.4f}" if o.saved_hr else "-"
-        if o.saved_hr and not o.acted:
-            saved += " (would)"
-        t.add_row(o.name, o.provider, o.state, o.action, saved, escape(o.reason))
-    c.print(t)
-    total = sum(o.saved_hr for o in outcomes if o.acted)
-    would = sum(o.saved_hr for o in outcomes if not o.acted and o.action in ("stop", "destroy"))
-    if dry_run:
-        c.print(f"dry run: nothing changed; acting would save ${would:.4f}/hr")
-    elif total:
-        c.print(f"saved ${total:.4f}/hr")
 
 
 @app.command()
@@ -46,27 +23,36 @@ def reap(
     watch: bool = typer.Option(False, "--watch", help="Run a pass every --interval seconds until interrupted."),
     interval: float = typer.Option(60.0, help="Seconds between passes with --watch."),
     force: bool = typer.Option(False, "--force", help="Destroy even where the weights could not be pulled."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", help="Instances looked at over SSH at once "
+                                           "(default: reaper_parallel in config.toml, else 8)."),
 ):
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
-    from orchestrator import jobs, reaper
+    from orchestrator import reaper
+    from orchestrator.parallel import MAX_BOUND
 
     if not 1 <= interval <= 86400:
         raise UsageError(f"--interval must be between 1 and 86400 seconds, not {interval:g}")
-    orch = open_orch(actor=reaper.ACTOR)
+    if parallel is not None and not 1 <= parallel <= MAX_BOUND:
+        raise UsageError(f"--parallel must be between 1 and {MAX_BOUND}, not {parallel}")
+    orch = open_orch(actor=reaper.ACTOR, lazy=True)  # a dry run reads through `snapshot` and writes nothing
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
         advanced = []  # every job, one look each, at the end of the pass (under its lock)
-        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, after=lambda: advanced.extend(jobs.advance_all(orch)))
+
+        def advance_jobs() -> None:  # a real pass only: a dry run neither advances jobs nor imports them
+            from orchestrator import jobs
+
+            advanced.extend(jobs.advance_all(orch))
+
+        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs)
         if as_json:
             emit_json([o.to_dict() for o in outcomes])
         else:
             if watch:
                 console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
-            _outcomes_table(outcomes, dry_run)
-            from rich.markup import escape
-
+            sys.stdout.write(reaper.table(outcomes, dry_run))
             for j in advanced:
-                console().print(f"job {j['name']}: {j['state']}" + (f" ({escape(j['reason'])})" if j["reason"] else ""))
+                out(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""))
         if not watch:
             return
         # An instance whose idle time runs out before the next pass gets a pass right then.
@@ -138,36 +124,8 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
     from orchestrator import cost as costs
 
-    start = costs.parse_since(since) if since else None
-    orch = open_orch()
-    rows, totals = costs.report(orch.ledger, name, start)
-    if as_json:
-        emit_json({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                    "providers": totals, "groups": costs.groups(rows)})
-        return
-    from rich.table import Table
-
-    c = console()
-    if not rows:
-        c.print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
-        return
-    t = Table(box=None, pad_edge=False)
-    for col in ("NAME", "PROVIDER", "STATE", "RUNNING", "STOPPED", "TOTAL", "IDLE WASTE"):
-        t.add_column(col, no_wrap=True, justify="left" if col in ("NAME", "PROVIDER", "STATE") else "right")
-    for r in rows:
-        t.add_row(r.name, r.provider, r.state, f"{r.running_hours:.2f} h ${r.running_usd:.2f}",
-                  f"{r.stopped_hours:.2f} h ${r.stopped_usd:.2f}", f"${r.total_usd:.2f}",
-                  f"{r.idle_hours:.2f} h ${r.idle_usd:.2f}" if r.idle_hours else "-")
-    c.print(t)
-    c.print("[dim]running at the price paid at launch, stopped at the disk's rate; idle waste: billed after "
-            "the training ended[/]")
-    for group, g in sorted(costs.groups(rows).items()):
-        nodes = ", ".join(f"{n['name']} ${n['total_usd']:.2f}" for n in g["nodes"])
-        c.print(f"group {group:<10} total ${g['total_usd']:.2f} over {len(g['nodes'])} nodes ({nodes})",
-                markup=False)
-    for provider, tot in sorted(totals.items()):
-        c.print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
-                f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
+    start = costs.parse_since(since) if since else None  # checked before anything is opened
+    costs.show(open_orch(lazy=True).ledger, name, start, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
 
 
 def _set_protected(name: str, on: bool) -> None:

@@ -1,0 +1,57 @@
+"""Many slow, independent things at once, a bounded number at a time (the reaper's looks over SSH,
+its provider asks by id): a pass over a hundred instances is not a hundred round trips in a row,
+and a hung host holds one worker for its own timeout, not the pass.
+
+Plain threads pulling from one shared queue, not an executor: no future per item, so a fleet of
+10,000 pays microseconds for it, and nothing outlives the call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+DEFAULT_BOUND = 8  # `reaper_parallel` in config.toml, `orch reap --parallel`
+MAX_BOUND = 256
+
+
+def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[Any, Exception | None]]:
+    """``fn(item)`` for every item, at most ``bound`` at a time; in the items' order, ``(result,
+    None)`` or ``(None, the exception)``: one item's failure is its own."""
+    results: list[tuple[Any, Exception | None]] = [(None, None)] * len(items)
+
+    def call(k: int) -> None:
+        try:
+            results[k] = (fn(items[k]), None)
+        except Exception as e:  # noqa: BLE001 - handed back with its item
+            results[k] = (None, e)
+
+    if bound <= 1 or len(items) <= 1:
+        for k in range(len(items)):
+            call(k)
+        return results
+    queue = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                k = next(queue, None)
+            if k is None:
+                return
+            call(k)
+
+    workers = [threading.Thread(target=worker, name=f"orch-parallel-{n}", daemon=True)
+               for n in range(min(bound, len(items)))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return results
+
+
+def bound(flag: int | None = None) -> int:
+    """How many at a time: the flag, else ``reaper_parallel`` in config.toml, else 8."""
+    from orchestrator import config
+
+    return int(flag if flag is not None else config.get("reaper_parallel", DEFAULT_BOUND))
