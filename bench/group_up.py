@@ -5,7 +5,7 @@ time of one instance. Local instances (each a real sshd on a loopback address of
 provisioning probe and verify matmul), CPU, no training; alternating single and group, ``--rounds``
 of each, a fresh ORCH_HOME per round. Every command is a separate `orch` process, as a user runs it.
 
-    .venv/bin/python bench/group_up.py [--rounds 3] [--nodes 2]
+    .venv/bin/python bench/group_up.py [--rounds 3] [--nodes 2] [--quick]
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="one round (the suite runs every bench so)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
     singles, groups = [], []
     scratch = Path(tempfile.mkdtemp(prefix="orch-group-bench-"))
     try:
