@@ -37,6 +37,8 @@ class Cost:
     total_usd: float = 0.0
     idle_hours: float = 0.0
     idle_usd: float = 0.0
+    group_name: str | None = None  # a node of a group (`--nodes N`), and its rank
+    node_rank: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +65,9 @@ def _overlap(a0, a1, b0, b1) -> float:
 def instance_cost(inst, events, runs, since: datetime | None = None, until: datetime | None = None) -> Cost:
     until = _utc(until or datetime.now(timezone.utc))
     since = _utc(since) if since else datetime.min.replace(tzinfo=timezone.utc)
-    c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr)
+    grouped = (getattr(inst, "group_size", None) or 1) > 1  # a node of a group (a plain row has no such fields)
+    c = Cost(inst.name, inst.id, inst.provider, inst.state, inst.price_hr, inst.stopped_price_hr,
+             group_name=inst.group_name if grouped else None, node_rank=inst.node_rank if grouped else None)
     spans = intervals(events, until)
     starts = sorted(_utc(r.started_at) for r in runs)
     waste_windows = []
@@ -89,13 +93,13 @@ def instance_cost(inst, events, runs, since: datetime | None = None, until: date
 
 def report(ledger, name: str | None = None, since: datetime | None = None,
            until: datetime | None = None) -> tuple[list[Cost], dict[str, dict[str, float]]]:
-    """Every instance's cost (those named ``name``, if given) and the totals per provider, from the
+    """Every instance's cost (those named ``name``, or the nodes of the group ``name``, if given) and the totals per provider, from the
     ledger read whole (``snapshot``: one query per table, whatever the fleet's size) or from a
     snapshot already read."""
     from orchestrator import snapshot
 
     snap = ledger if isinstance(ledger, snapshot.Snapshot) else snapshot.read(ledger, name=name)
-    insts = [i for i in snap.instances if name is None or i.name == name]
+    insts = [i for i in snap.instances if name is None or name in (i.name, getattr(i, "group_name", None))]
     if name is not None and not insts:
         raise UsageError(f"no instance named {name!r} in the ledger")
     until = _utc(until or datetime.now(timezone.utc))  # one clock for every instance
@@ -114,6 +118,22 @@ def report(ledger, name: str | None = None, since: datetime | None = None,
     return costs, totals
 
 
+def groups(costs: list[Cost]) -> dict[str, dict]:
+    """Each group's total and what each of its nodes cost (a group bills as its nodes together)."""
+    out: dict[str, dict] = {}
+    for c in costs:
+        if c.group_name is None:
+            continue
+        g = out.setdefault(c.group_name, {"provider": c.provider, "total_usd": 0.0, "running_usd": 0.0,
+                                          "stopped_usd": 0.0, "idle_usd": 0.0, "nodes": []})
+        for k in ("total_usd", "running_usd", "stopped_usd", "idle_usd"):
+            g[k] += getattr(c, k)
+        g["nodes"].append({"name": c.name, "node_rank": c.node_rank, "total_usd": c.total_usd})
+    for g in out.values():
+        g["nodes"].sort(key=lambda n: n["node_rank"] or 0)  # rank order, whichever node was made first
+    return out
+
+
 def show(ledger, name: str | None = None, start: datetime | None = None, as_json: bool = False) -> None:
     """``orch cost``: the report as plain columns (``views.columns``: Rich's table took seconds
     for ten thousand rows) or JSON. Needs no Typer: ``cli.main`` answers ``orch cost`` with it."""
@@ -125,7 +145,7 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
     rows, totals = report(ledger, name, start)
     if as_json:
         print(json.dumps({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                          "providers": totals}, indent=2, sort_keys=True, default=str))
+                          "providers": totals, "groups": groups(rows)}, indent=2, sort_keys=True, default=str))
         return
     if not rows:
         print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
@@ -136,6 +156,9 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
     sys.stdout.write(columns(("NAME", "PROVIDER", "STATE", "RUNNING", "STOPPED", "TOTAL", "IDLE WASTE"), table,
                              right=frozenset({3, 4, 5, 6})))
     print("running at the price paid at launch, stopped at the disk's rate; idle waste: billed after the training ended")
+    for group, g in sorted(groups(rows).items()):
+        nodes = ", ".join(f"{n['name']} ${n['total_usd']:.2f}" for n in g["nodes"])
+        print(f"group {group:<10} total ${g['total_usd']:.2f} over {len(g['nodes'])} nodes ({nodes})")
     for provider, tot in sorted(totals.items()):
         print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
               f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")

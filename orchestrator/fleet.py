@@ -51,10 +51,26 @@ def table(rows: list[dict]) -> str:
     if not rows:
         return "no instances (start one with `orch up NAME`)\n"
     out = []
-    for r in rows:
+
+    def line(r, name):
         gpu = "cpu" if r["cpu_only"] else f"{r['gpus']}x {clean(r['gpu_name'] or r['gpu'], 40) or '?'}"
-        out.append((r["name"], r["provider"], r["state"], gpu, f"{r['price_hr']:.3f}", r["ssh"] or "-",
-                    age(r["created_at"])))
+        return (name, r["provider"], r["state"], gpu, f"{r['price_hr']:.3f}", r["ssh"] or "-", age(r["created_at"]))
+
+    done: set = set()
+    for r in rows:
+        if r["id"] in done:
+            continue
+        if (r.get("group_size") or 1) <= 1:
+            out.append(line(r, r["name"]))
+            continue
+        # A group: one line for it (its states, what it bills together), then its nodes by rank.
+        key = (r.get("group_name"), r.get("group_size"))
+        nodes = sorted((n for n in rows if (n.get("group_name"), n.get("group_size")) == key and n["id"] not in done),
+                       key=lambda n: n.get("node_rank") or 0)
+        done |= {n["id"] for n in nodes}
+        out.append((key[0], r["provider"], "/".join(sorted({n["state"] for n in nodes})), f"{key[1]} nodes",
+                    f"{sum(n['price_hr'] for n in nodes):.3f}", f"orch ssh {key[0]} --node R", age(r["created_at"])))
+        out += [line(n, f"  {n['name']} (rank {n.get('node_rank')})") for n in nodes]
     return columns(("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE"), out)
 
 

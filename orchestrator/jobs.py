@@ -75,6 +75,7 @@ INTERRUPTED, STOPPED_BY_JOB = "interrupted", "cancelled"
 
 MAX_RETRIES = 20
 MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
+MAX_GROUP_JOB_NAME = 33  # a group attempt's nodes are NAME-aK-R: 40 characters at most (K <= 21, R <= 63)
 UNREACHABLE_MINUTES = 10.0  # job_unreachable_minutes in config.toml
 REAPER_EVERY_S = 300.0  # the reaper's interval when no schedule is installed (`orch reaper install`'s default)
 IDLE_PASSES = 3  # a job's instance idles at least this many reaper intervals before it may be ended
@@ -183,6 +184,7 @@ class JobSpec:
     ssh_timeout: float | None = None  # seconds
     policy: str = "{}"  # the base policy (flags > config.toml > defaults), as JSON
     images: int | None = None  # training images, for the estimate
+    nodes: int = 1  # machines per attempt: a group (``group_jobs``)
     command: Any = None  # task.CommandSpec (names of secrets, never their values)
     max_price: float | None = None  # $/hr: offers above it are not ranked
 
@@ -196,7 +198,8 @@ class JobSpec:
         extra = {"command": asdict(self.command), "max_price": self.max_price} if self.command is not None else \
             ({"max_price": self.max_price} if self.max_price is not None else {})
         return json.dumps({"train": train, "request": req, "providers": self.providers,
-                           "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images, **extra},
+                           "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
+                           "nodes": self.nodes, **extra},
                           sort_keys=True)
 
     @classmethod
@@ -211,7 +214,7 @@ class JobSpec:
         command = CommandSpec(**d["command"]) if d.get("command") else None
         return cls(train=train, request=Request(**d["request"]), providers=d.get("providers"),
                    ssh_timeout=d.get("ssh_timeout"), policy=d.get("policy") or "{}", images=d.get("images"),
-                   command=command, max_price=d.get("max_price"))
+                   command=command, max_price=d.get("max_price"), nodes=d.get("nodes") or 1)
 
 
 def default_save_period(epochs: int) -> int:
@@ -252,6 +255,8 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     if req.cpu or req.offer:
         provider = (js.providers or [None])[0] or plugins.default_provider()
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
+        if js.nodes > 1:
+            what = f"a group of {js.nodes} x {what}"
         return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)")
     mode = "spot" if req.spot else "on-demand"
     job = offers.Job(model=spec.model, epochs=spec.epochs, data=spec.data, data_bytes=spec.data_bytes,
@@ -264,6 +269,9 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     for name, why in answer.skipped:
         orch.say(f"      {name} not asked: {why}")
     rows = [r for r in answer.rows if f"{r.offer.provider}/{r.offer.offer_id}" not in (avoid or set())]
+    if js.nodes > 1:  # the group's prices (N machines) and its assumed speedup, stated in the line
+        rows = offers.for_nodes(rows, js.nodes, offers.check_scaling(config.get("node_scaling",
+                                                                                offers.NODE_EFFICIENCY)))
     if not rows:
         raise NoCapacity(f"no {mode} offer for {req.gpus}x {req.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}"
@@ -279,6 +287,8 @@ def plan(orch, js: JobSpec, epochs_left: int | None = None, avoid: set[str] | No
     hours = best.hours * left / spec.epochs if best.hours is not None else None
     usd = hours * price if hours is not None and price is not None else None
     line = offers.describe(best, mode) + (f", bid {bid:.3f}" if spot and bid else "")
+    if js.nodes > 1:
+        line = f"{js.nodes} nodes of: {line}"
     if spec and left != spec.epochs and usd is not None:
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
     chosen = replace(req, gpu=best.offer.gpu_name, gpus=best.offer.gpus, offer=best.offer.offer_id, bid=bid)
@@ -329,13 +339,13 @@ def _attempt_phase(orch, attempt, key: str, seconds: float | None):
 
 def cost(orch, job) -> float:
     """What every attempt's instance cost (running and stopped, at the price paid), until now."""
-    from orchestrator.cost import instance_cost
+    from orchestrator import group_jobs
 
     total = 0.0
     for attempt in orch.ledger.attempts(job.id):
         inst = orch.ledger.get(attempt.instance_id) if attempt.instance_id else None
         if inst is not None:
-            total += instance_cost(inst, orch.ledger.events(inst.id), orch.ledger.runs(inst.id)).total_usd
+            total += group_jobs.cost(orch, inst)  # every node of a group attempt
     return total
 
 
@@ -403,8 +413,9 @@ def _over_cap(orch, job, inst=None) -> str | None:
     instance, so the cap is not crossed before the next look) or its deadline."""
     spent = cost(orch, job)
     if job.max_cost is not None:
-        ahead = (inst.price_hr if inst is not None and inst.state == states.READY else 0.0) * \
-            _reaper_every(orch.ledger) / 3600
+        from orchestrator import group_jobs
+
+        ahead = (group_jobs.hourly(orch, inst) if inst is not None else 0.0) * _reaper_every(orch.ledger) / 3600
         if spent + ahead >= job.max_cost:
             return (f"--max-cost ${job.max_cost:g} reached (${spent:.4f} spent"
                     + (f", ${ahead:.4f} more before the next look" if ahead else "") + ")")
@@ -432,7 +443,8 @@ def create(orch, name: str, js: JobSpec, choice: Choice, max_cost: float | None,
     """The job's row (planned) and, with ``resume_from`` (a pulled run folder), its first resume copy."""
     job = orch.ledger.create_job(ACTIVE, name=name, state=PLANNED, spec=js.to_json(),
                                  plan=json.dumps(choice.to_dict()), max_cost=max_cost, max_hours=max_hours,
-                                 retries=retries, keep=keep, phases=json.dumps({"plan": round(plan_seconds, 3)}))
+                                 retries=retries, keep=keep, phases=json.dumps({"plan": round(plan_seconds, 3)}),
+                                 nodes=js.nodes)
     if resume_from is not None:
         epoch = pulled_epoch(resume_from) or 0
         dest = checkpoint_dir(orch.home, name, epoch)
@@ -461,11 +473,16 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
     marks: dict[str, Any] = {}
 
     def start_training(inst):
+        from orchestrator import group_jobs
+
         marks["ready"] = time.monotonic()
-        orch.ledger.update_attempt(attempt.id, instance_id=inst.id, price_hr=inst.price_hr)
-        pol = attempt_policy(orch, job, js, inst.price_hr)
+        price = sum(n.price_hr or 0.0 for n in group_jobs.nodes_of(orch, inst))  # every node of a group
+        marks["price"] = price
+        orch.ledger.update_attempt(attempt.id, instance_id=inst.id, price_hr=price)
+        pol = attempt_policy(orch, job, js, price)
         inst.policy = pol  # the watchdog is armed from this very row right after this call
-        orch.ledger.update(inst.id, policy=pol)
+        for node in group_jobs.nodes_of(orch, inst):
+            orch.ledger.update(node.id, policy=pol)
         if js.command is not None:  # the command kind: its workdir and checkpoint folder, then its run
             from orchestrator import command_job
 
@@ -479,14 +496,27 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         marks["start"] = _stage_resume(orch, job, inst, spec, ckpt) if ckpt is not None else None
         if marks["start"] is not None:
             spec = replace(spec, resume=True)
-        marks["run"] = training.launch(orch, inst, spec)
+        if js.nodes > 1:
+            from orchestrator import group_training
 
-    policy = attempt_policy(orch, job, js, choice.price_hr)
+            marks["run"] = group_training.launch(orch, group_jobs.nodes_of(orch, inst), spec)
+        else:
+            marks["run"] = training.launch(orch, inst, spec)
+
+    policy = attempt_policy(orch, job, js, choice.price_hr)  # a group's price: every node's (``plan``)
     try:
-        inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
-                       after_verify=start_training, prepare=js.command is None)  # a command's setup: its own
+        if js.nodes > 1:
+            from orchestrator import groups
+
+            inst = groups.up(orch, name, choice.provider, choice.request, js.nodes, policy=policy,
+                             ssh_timeout=js.ssh_timeout, launch=lambda ready: start_training(ready[0]))[0]
+        else:
+            inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
+                           after_verify=start_training, prepare=js.command is None)  # a command's setup: its own
     except BaseException as e:
-        made = orch.ledger.by_name(name, live_only=False)
+        from orchestrator import groups
+
+        made = orch.ledger.by_name(groups.node_name(name, 0) if js.nodes > 1 else name, live_only=False)
         linked = made.id if made is not None and _utc(made.created_at) >= _utc(attempt.started_at) - \
             timedelta(seconds=5) else None
         interrupted = isinstance(e, KeyboardInterrupt)
@@ -507,7 +537,8 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         "started at epoch 1"
     if js.command is not None:
         resumed = f"checkpoint folder restored from copy {start}" if start is not None else "started"
-    orch.ledger.update_attempt(attempt.id, state=TRAINING, instance_id=inst.id, run_id=run.id, price_hr=inst.price_hr,
+    orch.ledger.update_attempt(attempt.id, state=TRAINING, instance_id=inst.id, run_id=run.id,
+                               price_hr=marks.get("price", inst.price_hr),
                                start_epoch=(start or 0) + 1, resumed_from=resumed, phases=json.dumps(phases))
     job = orch.ledger.update_job(job.id, expect=(PLANNED, RECOVERING), state=RUNNING, reason=None)
     return note(orch, job, f"attempt {number} {'running' if js.command else 'training'} on {choice.provider} as "
@@ -547,8 +578,7 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
     """Put the job's resume copy into the new instance's next run folder; returns the epoch it
     holds, or None when it does not load there (the attempt then starts over: a torn checkpoint is
     never resumed from). Refuses (UsageError) a copy that already reached --epochs."""
-    from orchestrator import remote
-    from playbooks import host
+    from orchestrator import group_jobs
 
     src = checkpoint_dir(orch.home, job.name, ckpt_epoch)
 
@@ -565,6 +595,18 @@ def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
     if unsafe:
         drop(f"the resume copy (epoch {ckpt_epoch}) is not uploaded: {unsafe}; attempt starts over at epoch 1")
         return None
+    staged = None
+    for node in group_jobs.nodes_of(orch, inst):  # a group resumes from last.pt on EVERY node
+        staged = _stage_resume_on(orch, node, spec, src, ckpt_epoch, drop)
+        if staged is None:
+            return None
+    return staged
+
+
+def _stage_resume_on(orch, inst, spec, src: Path, ckpt_epoch: int, drop) -> int | None:
+    from orchestrator import remote
+    from playbooks import host
+
     q = shlex.quote
     with orch.connect(inst) as c:
         work = host.workdir(c)
@@ -706,7 +748,10 @@ def _advance(orch, job):
     if attempt.state == LAUNCHING:  # its process died mid-launch: we hold the job's claim now
         attempt = orch.ledger.update_attempt(attempt.id, state=INTERRUPTED, ended_at=_now(),
                                              reason="the orch process launching it ended before it trained")
-        inst = orch.ledger.by_name(attempt.instance_name)
+        from orchestrator import groups
+
+        inst = orch.ledger.by_name(attempt.instance_name) or next(iter(groups.live(orch.ledger, attempt.instance_name)),
+                                                                  None)
         if inst is not None:
             _give_back(orch, job, inst, f"job {job.name}: attempt {attempt.number} was left half-launched")
         return relaunch(orch, job, js)
@@ -775,6 +820,13 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
         return _finish(orch, job, attempt, inst, run, view)
     if state == "failed" and js.command is not None:  # the command's own exit: no relaunch repeats it
         return _command_failed(orch, job, attempt, inst, run, view)
+    from orchestrator import group_jobs
+
+    # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
+    # crash for want of it: the lost node is the cause worth recording).
+    gone = group_jobs.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
+    if gone:
+        return _lost(orch, job, js, attempt, inst, run, gone)
     if state in ("failed", "crashed"):
         return _lost(orch, job, js, attempt, inst, run, f"training {state}" + (f": {view['error']}" if view.get("error")
                                                                                else ""))
@@ -957,7 +1009,17 @@ def _command_failed(orch, job, attempt, inst, run, view: dict):
 # -- endings ---------------------------------------------------------------------------------
 def _give_back(orch, job, inst, reason: str) -> str | None:
     """Destroy an attempt's instance if it still exists; why not, if it could not be."""
+    from orchestrator import group_jobs, groups
+
     inst = orch.ledger.get(inst.id)
+    if groups.is_group(inst):  # every node, at once: none is left alone (nor billing)
+        try:
+            group_jobs.give_back(orch, inst, reason)
+            return None
+        except OrchError as e:
+            note(orch, job, f"could not destroy the group {inst.group_name} ({_why(e)}): the reaper keeps at it, "
+                            "and its cost counts")
+            return _why(e)
     if inst is None or inst.state not in states.LIVE:
         return None
     try:
@@ -977,6 +1039,12 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
     phases["lost_at"] = _now().isoformat()
     job = orch.ledger.update_job(job.id, phases=json.dumps(phases))
     job = note(orch, job, f"attempt {attempt.number} lost: {why}")
+    from orchestrator import group_jobs, groups
+
+    if groups.is_group(inst):  # the survivors would wait on their lost peer for hours: ended now
+        problems = group_jobs.end_trainings(orch, inst)
+        note(orch, job, "ended the training on every node that answers" + (f" (not: {'; '.join(problems)})"
+                                                                           if problems else ""), say=False)
     if inst is not None and run is not None and run.run_dir and orch.ledger.get(inst.id).state == states.READY:
         try:  # the old instance still answers: its own last.pt, when it loads, and its milestones
             from orchestrator import training
@@ -1024,7 +1092,11 @@ def _complete(orch, job, attempt, inst, run, how: str):
     ended = "destroyed"
     if inst.state in states.LIVE:
         caps = orch.provider(inst.provider).capabilities_for(inst.spot)
-        if job.keep and caps.stop and inst.state == states.READY:
+        from orchestrator import groups
+
+        if job.keep and groups.is_group(inst):
+            note(orch, job, "--keep: a group is not kept stopped node by node; destroying it")
+        elif job.keep and caps.stop and inst.state == states.READY:
             try:
                 orch.stop(inst, f"job {job.name} completed: kept stopped (--keep)")
                 ended = "stopped (--keep)"
@@ -1119,11 +1191,11 @@ def phases(job, attempts) -> dict[str, float]:
 
 
 def attempt_dict(orch, a) -> dict:
-    from orchestrator.cost import instance_cost
+    from orchestrator import group_jobs
     from orchestrator.views import iso
 
     inst = orch.ledger.get(a.instance_id) if a.instance_id else None
-    spent = instance_cost(inst, orch.ledger.events(inst.id), orch.ledger.runs(inst.id)).total_usd if inst else 0.0
+    spent = group_jobs.cost(orch, inst) if inst else 0.0
     offer = _loads(a.offer, {})
     return {"number": a.number, "instance": a.instance_name, "instance_id": a.instance_id,
             "instance_state": inst.state if inst else None, "provider": a.provider, "offer": offer.get("line"),
@@ -1150,7 +1222,7 @@ def job_dict(orch, job) -> dict:
             "attempts": [attempt_dict(orch, a) for a in attempts],
             "instance": current.instance_name if current else None, "provider": current.provider if current else None,
             "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
-            "keep": job.keep, "weights": job.weights, "plan": _loads(job.plan, {}),
+            "keep": job.keep, "weights": job.weights, "plan": _loads(job.plan, {}), "nodes": job.nodes,
             "phases": phases(job, attempts), "history": _loads(job.history, []),
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
 

@@ -70,6 +70,13 @@ class Instance(SQLModel, table=True):
     # JSON: what orch remembers about this instance between processes (the watchdog it armed, the
     # reaper's last decision, ...). It lives and dies with the row: nothing to clean up.
     memory: Optional[str] = Field(default=None, sa_column=Column(Text))
+    # A node of a group (`--nodes N`, see ``groups``): one group per bring-up, its name, this node's
+    # rank (0: the head), the group's size, and the private address the other nodes reach it at.
+    group_id: Optional[str] = Field(default=None, index=True, max_length=12)
+    group_name: Optional[str] = Field(default=None, index=True, max_length=64)
+    node_rank: Optional[int] = None
+    group_size: Optional[int] = None
+    private_ip: Optional[str] = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
 
@@ -137,6 +144,7 @@ class Job(SQLModel, table=True):
     phases: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: seconds per phase
     history: Optional[str] = Field(default=None, sa_column=Column(Text))  # JSON: [{at, text}], the last few
     reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    nodes: int = 1  # machines each attempt rents (a group: see ``groups``)
     created_at: datetime = Field(default_factory=now)
     updated_at: datetime = Field(default_factory=now)
     ended_at: Optional[datetime] = None

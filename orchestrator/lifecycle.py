@@ -131,10 +131,10 @@ class Orch:
         return cache[name]
 
     def instance(self, name: str) -> Instance:
-        inst = self.ledger.by_name(name)
-        if inst is None:
-            raise UsageError(f"no live instance named {name!r} (see `orch status`)")
-        return inst
+        """The live instance called ``name``; a group's name stands for its head (rank 0)."""
+        from orchestrator import groups
+
+        return groups.resolve(self, name)
 
     def move(self, inst: Instance, to: str, reason: str = "", **fields) -> Instance:
         return self.ledger.transition(inst.id, to, reason=reason, actor=self.actor, **fields)
@@ -143,9 +143,10 @@ class Orch:
     @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
            policy: str | None = None, after_verify: Callable[[Instance], None] | None = None,
-           prepare: bool = True) -> Instance:
+           prepare: bool = True, group: dict | None = None) -> Instance:
         """Rent, wait for SSH, provision and verify (unless ``prepare`` is False: reached over SSH
-        only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys."""
+        only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys.
+        ``group``: the node's group fields on its row (``groups.up``)."""
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
@@ -160,7 +161,7 @@ class Orch:
             inst = self.ledger.create_instance(
                 actor=self.actor, name=name, provider=provider_name, label="", gpu=request.gpu,
                 gpus=0 if request.cpu else request.gpus, cpu_only=request.cpu, disk_gb=request.disk_gb,
-                image=request.image, spot=request.spot, bid=request.bid, policy=policy)
+                image=request.image, spot=request.spot, bid=request.bid, policy=policy, **(group or {}))
             self.say(f"[1/4] renting on {provider_name} as {inst.label}")
             kill_point("before-create")
             remote = self._create(provider, inst, request, public_key)
@@ -257,6 +258,8 @@ class Orch:
     def _endpoint(self, inst: Instance, provider: Provider, remote: Remote) -> Instance:
         ep = remote.endpoint
         fields = dict(ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user)
+        if remote.private_ip:
+            fields["private_ip"] = remote.private_ip
         if not inst.host_key:
             vouched = provider.vouched_host_key(remote.provider_id)
             if vouched:

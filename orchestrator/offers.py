@@ -27,6 +27,12 @@ use the spot price. Seconds per epoch for a GPU type come, in order of trust, fr
 4. ``prior``: an assumed base figure per image for the model (below), scaled by the same table.
 
 Several GPUs: each added GPU is assumed to add DDP_EFFICIENCY of one.
+
+Several machines (`--nodes N`, ``for_nodes``): every price is the group's, N machines together;
+the time is one machine's divided by 1 + e x (N - 1), where e, the share of a machine each added
+node is assumed to add, is NODE_EFFICIENCY unless the user sets it (``orch offers --scaling``,
+``node_scaling`` in config.toml). Across machines the network, not the GPUs, bounds it: orch does
+not pretend to know e, it says which it used.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ MODES = ("spot", "on-demand", "both")
 DEFAULT_CACHE_SECONDS = 60
 DEFAULT_SPOT_MARGIN = 0.05
 DDP_EFFICIENCY = 0.85
+NODE_EFFICIENCY = 0.8  # assumed: what each added machine adds, as a share of one (settable)
 TRIAL_KEY = "orch_trial"
 
 # The prior (trust level 4), an assumption and labelled so wherever it is used: a detector of
@@ -433,6 +440,33 @@ def estimate(job: Job, gpu: str, n: int, known: list[Measurement]) -> Estimate |
     return Estimate(images * per_image / rel / speedup(n), "prior",
                     f"{images:.0f} images x {per_image * 1000:.1f} ms (assumed, RTX 4090) / {rel:.2f} by the table"
                     + (f" / {speedup(n):.2f} for x{n}" if n > 1 else ""))
+
+
+def node_speedup(nodes: int, efficiency: float) -> float:
+    return 1 + efficiency * (max(nodes, 1) - 1)
+
+
+def check_scaling(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UsageError(f"the node scaling efficiency is a share of one machine, above 0 and at most 1, not {value!r}")
+    return float(value)
+
+
+def for_nodes(rows: list[Row], nodes: int, efficiency: float) -> list[Row]:
+    """The rows priced for a group of ``nodes`` machines of each offer: every $/hr the group's,
+    the time divided by the assumed speedup, which the estimate's detail states."""
+    if nodes <= 1:
+        return rows
+    speed = node_speedup(nodes, efficiency)
+    out = []
+    for r in rows:
+        times = lambda x: None if x is None else x * nodes  # noqa: E731
+        est = r.estimate and replace(r.estimate, epoch_seconds=r.estimate.epoch_seconds / speed,
+                                     detail=f"{r.estimate.detail} / {speed:.2f} for {nodes} nodes at "
+                                            f"{efficiency:.0%} scaling per added node (assumed: --scaling)")
+        out.append(replace(r, price_hr=times(r.price_hr), spot_hr=times(r.spot_hr), disk_hr=r.disk_hr * nodes,
+                           stopped_hr=times(r.stopped_hr), estimate=est))
+    return out
 
 
 def prior_seconds_per_image(model: str, imgsz: int | None) -> float:

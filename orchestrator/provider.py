@@ -73,6 +73,9 @@ class Capabilities:
     # The image makes new SSH host keys at every start (RunPod's images do): right after a start
     # that orch asked for and the provider confirmed, orch pins the new key instead of refusing it.
     new_host_key_on_start: bool = False
+    # It can rent a group of instances that reach each other on a private network, on every TCP
+    # port (`--nodes N`: a rendezvous and the collective traffic of a multi-node training).
+    groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,12 @@ class Request:
     bid: float | None = None
     offer: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # A node of a group (`--nodes N`): the group's key (``group_key``: shared resources a provider
+    # makes for it, such as a security group rule or a placement group, are named and tagged with
+    # it), this node's rank and the group's size. None/0/1: a lone instance.
+    group: str | None = None
+    node_rank: int = 0
+    nodes: int = 1
 
 
 @dataclass
@@ -115,6 +124,7 @@ class Remote:
     preempted: bool = False  # stopped or ended by the provider's spot market, not by anyone's request
     detail: str = ""  # the provider's own word for its state ("exited", "offline", ...)
     since: float | None = None  # when it entered that state, epoch seconds, where the provider says
+    private_ip: str | None = None  # where the other nodes of its group reach it (a private network)
     raw: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -164,6 +174,9 @@ class Provider:
     # Settings that must be numbers, each with its least value: a typo in config.toml is refused
     # before anything is rented, not found by a crash halfway through.
     numeric_settings: ClassVar[dict[str, float]] = {}
+    # Why this provider cannot rent a group (`--nodes N`), said up front when its capabilities lack
+    # ``groups``: the user learns what to do instead, and nothing is rented.
+    groups_refused: ClassVar[str] = "it declares no private network between its instances"
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         self.settings = settings or {}
@@ -257,6 +270,18 @@ class Provider:
             raise UsageError(f"spot instances are not supported by {self.name}")
         if request.bid is not None and not request.spot:
             raise UsageError("--bid is a spot price: add --spot")
+
+    def validate_group(self, nodes: int, request: Request) -> None:
+        """Refuse a group this provider cannot rent, before anything is created."""
+        if nodes > 1 and not self.capabilities.groups:
+            raise UsageError(f"--nodes {nodes}: {self.name} cannot rent a group of instances ({self.groups_refused})")
+
+    def open_group(self, group: str, request: Request) -> None:
+        """Before a group's first node is created: what its nodes share at this provider (a rule
+        that admits the group's members to each other, a placement group). Idempotent."""
+
+    def close_group(self, group: str) -> None:
+        """After every node of the group is gone: give back what ``open_group`` made. Idempotent."""
 
     def find(self, label: str) -> Remote | None:
         """Look an instance up by its label (after a create that errored, or a crash)."""

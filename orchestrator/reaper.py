@@ -288,6 +288,8 @@ def _one(orch, inst, listing: dict, dry_run: bool, force: bool, clock, fleet=Non
         obs, run = _look_ready(orch, inst, run, dry_run)
     now = clock()
     d = rules.decide(inst, policies.of(inst), watchdog.history(orch, inst, run, fleet), obs, now, force)
+    if d.action in (STOP, DESTROY) and d.kind == "idle":
+        d = _group_busy(orch, inst, d)
     if d.kind == "busy" and not dry_run:  # the last sign of activity this controller saw
         orch.ledger.remember(inst.id, busy_seen_at=rules.utc(now).isoformat())
     if dry_run or d.action not in (STOP, DESTROY):
@@ -298,6 +300,27 @@ def _one(orch, inst, listing: dict, dry_run: bool, force: bool, clock, fleet=Non
     inst = orch.ledger.get(inst.id)
     _note_if_changed(orch, inst, d, acted=d.action in (STOP, DESTROY))
     return outcome(d.action, d.reason, d.saved_hr, acted=d.action in (STOP, DESTROY), state=inst.state)
+
+
+def _group_busy(orch, inst, d: Decision) -> Decision:
+    """A node is idle only when its whole group is: while another node trains (or has a session),
+    none is stopped or destroyed alone (``groups.busy``)."""
+    from orchestrator import groups
+    from playbooks.on_instance.watchdog import busy_reasons
+
+    def is_busy(node) -> bool:
+        if node.state != states.READY:
+            return False
+        try:
+            obs, _ = look(orch, node, orch.ledger.latest_run(node.id), writes=False)
+        except SSHError:
+            return False
+        return bool(busy_reasons("training" if obs.training_alive else None, obs.sessions, obs.gpu_util))
+
+    if not groups.busy(orch, inst, is_busy):
+        return d
+    return Decision(KEEP, f"{d.reason}; but another node of group {inst.group_name} is busy: a group is ended as one",
+                    kind="group-busy")
 
 
 def _claimed(orch, inst) -> bool:

@@ -84,9 +84,9 @@ def _where(live_only: bool, name: str | None) -> tuple[str, tuple]:
     clauses, args = [], ()
     if live_only:
         clauses.append(f"state IN ({_LIVE})")
-    if name is not None:
-        clauses.append("name = ?")
-        args = (name,)
+    if name is not None:  # an instance of that name, or the nodes of the group of that name
+        clauses.append("(name = ? OR group_name = ?)")
+        args = (name, name)
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
@@ -176,7 +176,7 @@ def _through(ledger, live_only: bool, name: str | None) -> Snapshot:
         if live_only:
             q = q.where(Instance.state.in_(states.LIVE))
         if name is not None:
-            q = q.where(Instance.name == name)
+            q = q.where((Instance.name == name) | (Instance.group_name == name))
         instances = list(s.exec(q.order_by(Instance.created_at)))
         events_q, runs_q = select(Event), select(Run)
         if live_only or name is not None:

@@ -377,7 +377,8 @@ def pull(orch, inst, run, dest: Path | None = None, view: dict | None = None, on
     """Bring the run home under the instance's claim (one writer per file); returns (files pulled
     now, where). A milestone pull that finds another orch process working on the instance skips it;
     a full pull waits for it a while."""
-    target = pulled_dir(orch, inst.name, dest)
+    # A group's run is its head's (rank 0 alone writes it): home under the group's name.
+    target = pulled_dir(orch, inst.group_name if (inst.group_size or 1) > 1 else inst.name, dest)
     if only_milestones:
         with claims.try_hold(orch.ledger, inst.name) as mine:
             if not mine:

@@ -14,7 +14,7 @@ from orchestrator import ledger_rows, states
 
 FIELDS = ("id", "name", "provider", "provider_id", "state", "gpu", "gpu_name", "gpus", "cpu_only", "disk_gb",
           "spot", "bid", "price_hr", "stopped_price_hr", "ssh_host", "ssh_port", "ssh_user", "device",
-          "protected", "created_at", "updated_at")
+          "protected", "created_at", "updated_at", "group_name", "node_rank", "group_size", "private_ip")
 LIVE = tuple(sorted(states.LIVE))
 
 

@@ -62,15 +62,41 @@ def stage_hf(c, repo_id: str, filename: str, env: dict[str, str], limits: tuple[
 
 
 @task
-def start(c, spec: dict, env: dict[str, str]) -> int:
-    """Start training detached (see ``host.detach``), output to train.log. Returns the pid."""
+def start(c, spec: dict, env: dict[str, str], launcher: list[str] | None = None) -> int:
+    """Start training detached (see ``host.detach``), output to train.log. Returns the pid.
+    ``launcher``: Python arguments that run the entry under a launcher (``-m torch.distributed.run
+    ...`` on each node of a group); the pid is then the launcher's, which ends its workers."""
     work = host.workdir(c)
     entry = host.upload(c, "train_entry.py")
     host.upload(c, "hub_push.py")
     run_json = remote.put_text(c, json.dumps(spec), f"{work}/bin/run-{spec['name']}.json")
     remote.run(c, f": > {shlex.quote(work + '/train.log')}")  # this run's log, not the last one's
-    return host.detach(c, [host.python(c), entry, run_json], f"{work}/train.log", cwd=work,
+    return host.detach(c, [host.python(c), *(launcher or []), entry, run_json], f"{work}/train.log", cwd=work,
                        env={"HF_HOME": f"{work}/hf", **env})
+
+
+@task
+def free_port(c, address: str) -> int:
+    """A TCP port free on the instance at ``address`` now (where a rendezvous will listen)."""
+    code = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])")
+    out = remote.run(c, f"{shlex.quote(host.python(c))} -c {shlex.quote(code)} {shlex.quote(address)}").strip()
+    port = out.splitlines()[-1] if out else ""
+    if not port.isdigit() or not 1024 <= int(port) <= 65535:
+        raise OrchError(f"the instance named no free port at {address} (it printed {out[-40:]!r})")
+    return int(port)
+
+
+@task
+def stop_training(c, pid: int | None, timeout: float = 20) -> None:
+    """End a training: the launcher, its session (``setsid`` gave it one) and its children (torchrun
+    starts each worker in a session of its own): TERM, then KILL after ``timeout`` seconds."""
+    if not pid:
+        return
+    p = int(pid)
+    kids = f"$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$4 == {p} {{print $1}}')"  # no pkill needed
+    remote.run(c, f"k={kids}; kill -TERM -- -{p} 2>/dev/null; kill -TERM {p} $k 2>/dev/null; "
+                  f"for i in $(seq {int(timeout * 5)}); do kill -0 {p} $k 2>/dev/null || exit 0; sleep 0.2; done; "
+                  f"kill -KILL -- -{p} 2>/dev/null; kill -KILL {p} $k 2>/dev/null; true", check=False)
 
 
 @task

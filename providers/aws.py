@@ -123,6 +123,9 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")  # us-east-1, ap-southeast-2, us
 _ID = re.compile(r"(?P<iid>i-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
+# One group's shared parts are made once, however many of its nodes ask at the same moment.
+_GROUP_LOCK = threading.Lock()
+
 # The watchdog's self-stop: power off, as root or through passwordless sudo (the DLAMI's ubuntu has it).
 POWER_OFF = 'if [ "$(id -u)" = 0 ]; then shutdown -h now; else sudo -n shutdown -h now; fi'
 
@@ -149,7 +152,8 @@ def key_pair_name(public_key: str) -> str:
 
 class AWSProvider(Provider):
     name = "aws"
-    capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True, self_destroy=True)
+    capabilities = Capabilities(stop=True, spot=True, cpu_only=True, gpu=True, self_stop=True, self_destroy=True,
+                                groups=True)
     env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
     credentials = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or ~/.aws/credentials, "
@@ -395,6 +399,10 @@ class AWSProvider(Provider):
         self._remember_region(region)
         image = self._image(region, request.image)
         disk = max(int(request.disk_gb), _snapshot_gb(image))
+        if request.group:  # a group's nodes come at once: what every instance shares is made once, in turn
+            with _GROUP_LOCK:
+                self._ensure_key(region, public_key)
+                self._ensure_group(region)
         key = self._ensure_key(region, public_key)
         group = self._ensure_group(region)
         refusals = []
@@ -414,9 +422,10 @@ class AWSProvider(Provider):
         ec2 = self._ec2(region)
         tags = {"Name": label, LABEL_TAG: label, "orch:gpu": gpu_name or "", "orch:gpus": str(gpus),
                 "orch:disk-gb": str(disk), "orch:price-hr": f"{price:.6f}" if price is not None else ""}
+        members, placement = self._node_of_group(region, itype, request, tags)
         args: dict[str, Any] = dict(
             ImageId=image["ImageId"], InstanceType=itype, MinCount=1, MaxCount=1, KeyName=key,
-            SecurityGroupIds=[group], ClientToken=token,
+            SecurityGroupIds=[group, *members], ClientToken=token,
             BlockDeviceMappings=[{"DeviceName": image.get("RootDeviceName") or "/dev/sda1",
                                   "Ebs": {"VolumeSize": disk, "VolumeType": "gp3", "DeleteOnTermination": True}}],
             # A one-time spot instance cannot stop: a power-off ends it.
@@ -431,6 +440,8 @@ class AWSProvider(Provider):
             args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         if zone:
             args["Placement"] = {"AvailabilityZone": zone}
+        if placement:
+            args["Placement"] = {**args.get("Placement", {}), "GroupName": placement}
         try:
             with self._aws(f"run_instances of {itype} in {zone or region}"):
                 made = ec2.run_instances(**args)["Instances"][0]
@@ -646,6 +657,7 @@ class AWSProvider(Provider):
             provider_id=provider_id(inst["InstanceId"], region), label=label, status=status, endpoint=endpoint,
             price_hr=(price or 0.0) + (disk_hr or 0.0) if price is not None else None, stopped_price_hr=disk_hr,
             gpu_name=tags.get("orch:gpu") or None, gpus=gpus, spot=inst.get("InstanceLifecycle") == "spot",
+            private_ip=inst.get("PrivateIpAddress") or None,  # where the other nodes of its group reach it
             preempted=reason.startswith("Server.Spot"),  # SpotInstanceTermination, SpotInstanceShutdown, ...
             detail=f"{state}" + (f" ({reason})" if reason else "") + f" in {zone}",
             raw={"InstanceType": inst.get("InstanceType"), "State": state, "StateReason": reason,
@@ -662,6 +674,76 @@ class AWSProvider(Provider):
                 InstanceId=iid, Attribute="instanceInitiatedShutdownBehavior")
         value = (behaviour.get("InstanceInitiatedShutdownBehavior") or {}).get("Value")
         return POWER_OFF if value == ("terminate" if destroy else "stop") else None
+
+    # -- a node of a group (`--nodes N`) ---------------------------------------------------
+    # A group's nodes reach each other on every TCP port at their private addresses (a rendezvous,
+    # NCCL's and gloo's sockets), through one rule of a security group of the group's own that
+    # admits its members: the group as the source (EC2 User Guide, "Security group rules":
+    # "Security group referencing"; SkyPilot and dstack do the same). orch's SSH group stays port
+    # 22 only. Where the type allows it (not the burstable t families), a cluster placement group
+    # puts the nodes close together, in one zone (EC2 User Guide, "Placement groups").
+    def _node_of_group(self, region: str, itype: str, request: Request, tags: dict) -> tuple[list[str], str | None]:
+        """(the group's security group, its placement group or None) for a node; tags it with its
+        group and rank. Idempotent, and safe when every node of a group asks at once."""
+        if not request.group:
+            return [], None
+        tags.update({"orch:group": request.group, "orch:rank": str(request.node_rank),
+                     "orch:nodes": str(request.nodes)})
+        with _GROUP_LOCK:  # module-wide: each node of a group is made through a provider object of its own
+            sg = self._group_rule(region, request.group)
+            placement = None
+            if request.nodes > 1 and not itype.startswith("t"):
+                placement = self._placement_group(region, request.group)
+        return [sg], placement
+
+    def _group_rule(self, region: str, group: str) -> str:
+        ec2 = self._ec2(region)
+        name = f"orch-group-{group}"
+        with self._aws(f"describe_security_groups in {region}"):
+            found = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [name]}]).get(
+                "SecurityGroups", [])
+        if found:
+            return found[0]["GroupId"]
+        with self._aws(f"describe_vpcs in {region}"):
+            vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
+        if not vpcs:
+            raise ProviderError(f"{region} has no default VPC for orch's instances: create one "
+                                "(aws ec2 create-default-vpc)")
+        with self._aws(f"create_security_group {name} in {region}"):
+            gid = ec2.create_security_group(GroupName=name, VpcId=vpcs[0]["VpcId"], Description=(
+                f"orch: the nodes of group {group} reach each other on every TCP port"))["GroupId"]
+            ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=[{
+                "IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
+                "UserIdGroupPairs": [{"GroupId": gid, "Description": f"the members of orch group {group}"}]}])
+        return gid
+
+    def _placement_group(self, region: str, group: str) -> str:
+        name = f"orch-{group}"
+        try:
+            with self._aws(f"create_placement_group {name} in {region}"):
+                self._ec2(region).create_placement_group(GroupName=name, Strategy="cluster")
+        except AWSError as e:
+            if e.code != "InvalidPlacementGroup.Duplicate":
+                raise
+        return name
+
+    def close_group(self, group: str) -> None:
+        """The group's security group and placement group, once its nodes are terminated."""
+        for region in self.regions:
+            ec2 = self._ec2(region)
+            with self._aws(f"describe_security_groups in {region}"):
+                found = ec2.describe_security_groups(Filters=[{"Name": "group-name",
+                                                               "Values": [f"orch-group-{group}"]}]).get(
+                    "SecurityGroups", [])
+            for sg in found:
+                with self._aws(f"delete_security_group {sg['GroupId']} in {region}"):
+                    ec2.delete_security_group(GroupId=sg["GroupId"])
+            try:
+                with self._aws(f"delete_placement_group orch-{group} in {region}"):
+                    ec2.delete_placement_group(GroupName=f"orch-{group}")
+            except AWSError as e:
+                if e.code != "InvalidPlacementGroup.Unknown":
+                    raise
 
     def account_key(self, public_key: str) -> str:
         name = key_pair_name(public_key)

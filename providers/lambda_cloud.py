@@ -128,10 +128,16 @@ def gpu_from_description(description: str) -> tuple[str, float]:
     return name, vram
 
 
+# The region each group's nodes launch in (``open_group``), shared by the provider objects its nodes use.
+_GROUP_REGIONS: dict[str, str] = {}
+
+
 class LambdaProvider(Provider):
     name = "lambda"
+    # groups: instances of one region share a private network (each has a private_ip); a group's
+    # nodes are launched in one region (``open_group``), as SkyPilot does (shared/reference/multinode.md).
     capabilities = Capabilities(stop=False, spot=False, cpu_only=False, gpu=True, self_stop=False,
-                                self_destroy=False)
+                                self_destroy=False, groups=True)
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
     credentials = "LAMBDA_API_KEY, or api_key under [providers.lambda] in config.toml"
     login = "ubuntu"  # Lambda Stack's user
@@ -229,7 +235,7 @@ class LambdaProvider(Provider):
     def _launch(self, candidates: list[Offer], request: Request, label: str, key: str) -> Remote:
         """Launch the cheapest candidate in a region with capacity; a region whose capacity was taken
         meanwhile gives way to the next. After an answer that may hide a launch, look before retrying."""
-        wanted_region = self.settings.get("region")
+        wanted_region = self.settings.get("region") or _GROUP_REGIONS.get(request.group or "")
         queue = [(o, r) for o in candidates for r in o.raw["regions"] if not wanted_region or r == wanted_region]
         if not queue:
             raise NoCapacity(f"Lambda Cloud has no capacity for {request.gpus}x {request.gpu or request.offer} "
@@ -338,6 +344,21 @@ class LambdaProvider(Provider):
                                     f"shows it {status.value}: it may still bill, check the Lambda console")
             time.sleep(self.poll_seconds)
 
+    def open_group(self, group: str, request: Request) -> None:
+        """One region for every node of the group: the cheapest offer's first region with capacity
+        (a node that finds it taken meanwhile fails the group: all or nothing)."""
+        if self.settings.get("region"):
+            return
+        candidates = self.offers(request)
+        regions = [r for o in candidates for r in o.raw["regions"]]
+        if not regions:
+            what = f"instance type {request.offer}" if request.offer else f"{request.gpus}x {request.gpu}"
+            raise NoCapacity(f"Lambda Cloud has no capacity for {what} in any region right now")
+        _GROUP_REGIONS[group] = regions[0]
+
+    def close_group(self, group: str) -> None:
+        _GROUP_REGIONS.pop(group, None)
+
     def _remote(self, row: dict) -> Remote:
         status_word = row.get("status")
         status = _STATES.get(status_word, Status.PENDING)
@@ -359,6 +380,7 @@ class LambdaProvider(Provider):
             gpu_name=gpu if itype else None, gpus=int((itype.get("specs") or {}).get("gpus") or 0),
             # Lambda sells no spot, yet lists "preempted" among an instance's states: taken back by Lambda.
             preempted=status_word == "preempted",
+            private_ip=row.get("private_ip") if isinstance(row.get("private_ip"), str) else None,
             detail=(health[1] if health else str(status_word or "")) +
             (f" in {region.get('name')}" if region.get("name") else ""),
             raw={k: v for k, v in row.items() if k not in SECRET_FIELDS},

@@ -67,8 +67,10 @@ class LocalProvider(Provider):
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
+        # groups: every instance listens on a loopback address of its own, and 127/8 reaches all of
+        # them on every port, the way a cloud's private network reaches a group's members.
         return Capabilities(stop=True, spot=False, cpu_only=True, gpu=bool(self.gpus), self_stop=True,
-                            self_destroy=True)
+                            self_destroy=True, groups=True)
 
     @cached_property
     def root(self) -> Path:
@@ -131,7 +133,7 @@ class LocalProvider(Provider):
             price_hr=float(self.settings.get("price_per_hour", 0.0)),
             stopped_price_hr=float(self.settings.get("stopped_price_per_hour", 0.0)),
             gpu_name=self.gpus[0] if meta.get("gpus") and self.gpus else None, gpus=meta.get("gpus", 0),
-            raw=meta,
+            private_ip=meta["host"], raw=meta,
         )
 
     def list(self) -> list[Remote]:

@@ -139,6 +139,10 @@ class RunPodProvider(Provider):
                                 self_destroy=True, new_host_key_on_start=True)
     env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
     credentials = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
+    # Pods share no private network; RunPod's multi-node offer is Instant Clusters, another API
+    # (a `createCluster` GraphQL object; shared/reference/multinode.md).
+    groups_refused = ("its pods have no private network between them; RunPod's Instant Clusters are another API, "
+                      "which orch does not drive: use aws, lambda or local")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)

@@ -90,6 +90,10 @@ class VastAIProvider(Provider):
                                 self_destroy=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
     credentials = "VAST_API_KEY, or api_key under [providers.vastai] in config.toml"
+    # Marketplace instances sit on unrelated hosts with no private network between them (neither
+    # SkyPilot nor dstack runs multi-node there; shared/reference/multinode.md).
+    groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them: "
+                      "use aws, lambda or local")
 
 
 

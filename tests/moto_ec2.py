@@ -28,11 +28,16 @@ with its reason, by wrapping moto's own classes for the life of the harness (and
   state reason ``Server.SpotInstanceTermination`` / ``Server.SpotInstanceShutdown`` (EC2 API StateReason).
 - **Keys.** EC2 puts the launch key pair's public key in the default user's authorized_keys
   (the DLAMI's ``ubuntu``); these hosts have only root, so root gets it.
+- **Placement groups.** moto has none. EC2's CreatePlacementGroup / DeletePlacementGroup (EC2 API
+  reference) are answered from ``placement_groups``: a name taken answers
+  ``InvalidPlacementGroup.Duplicate``, an unknown one ``InvalidPlacementGroup.Unknown``, as does a
+  launch into one (RunInstances' ``Placement.GroupName``).
 - **Capacity and quotas.** moto always has capacity and no quotas. EC2 refuses a launch in a zone
   that has none with ``InsufficientInstanceCapacity`` ("We currently do not have sufficient ...
   capacity in the Availability Zone you requested", EC2 API "Error codes"), and one past the
   account's vCPU quota with ``VcpuLimitExceeded`` / ``MaxSpotInstanceCountExceeded`` (same page):
   ``no_capacity`` (a set of zones) and ``quota`` (an error code) make it do so, creating nothing.
+  ``capacity[type]`` is how many more launches of a type succeed anywhere (then the same refusal).
 - **The DLAMI.** moto's AMI catalogue has no Deep Learning AMI: ``add_dlami`` registers one owned by
   Amazon (alias ``amazon``), as AWS's are.
 
@@ -81,6 +86,8 @@ class MotoEC2:
         self._failing = ("Unavailable", "")
         self.no_capacity: set[str] = set()  # zones where a launch is refused for capacity
         self.quota: str | None = None  # an EC2 quota error code every launch is refused with
+        self.placement_groups: dict[str, str] = {}  # name -> strategy
+        self.capacity: dict[str, int] = {}  # instance type -> launches of it that still succeed
         self._used: set[str] = set()
         self._undo: list[tuple[Any, str, Any]] = []
         self._lock = threading.RLock()
@@ -211,11 +218,19 @@ class MotoEC2:
                     harness._failing = (code, message)
             if times:
                 response_self.querystring = {**response_self.querystring, "Action": ["FakeUnavailable"]}
+            placement = (response_self.querystring.get("Placement.GroupName") or [None])[0]
+            if action == "RunInstances" and placement and placement not in harness.placement_groups:
+                response_self.querystring = {**response_self.querystring, "Action": ["FakeUnknownPlacement"]}
             return call_action(response_self)
 
         def fake_unavailable(response_self):
             raise EC2ClientError(*harness._failing)
 
+        def fake_unknown_placement(response_self):
+            name = response_self.querystring["Placement.GroupName"][0]
+            raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+
+        self._set(EC2Response, "fake_unknown_placement", fake_unknown_placement)
         self._set(EC2Response, "call_action", recorded)
         self._set(EC2Response, "fake_unavailable", fake_unavailable)
 
@@ -238,6 +253,15 @@ class MotoEC2:
             for reservation in backend.reservations.values():
                 if token and any(i.client_token == token for i in reservation.instances):
                     return reservation  # EC2: a repeated ClientToken answers the first launch
+            itype = kwargs.get("instance_type")
+            with harness._lock:
+                left = harness.capacity.get(itype)
+                if left is not None and left < count:
+                    raise EC2ClientError("InsufficientInstanceCapacity", f"We currently do not have sufficient "
+                                         f"{itype} capacity in the Availability Zone you requested. Our system will "
+                                         "be working on provisioning additional capacity.")
+                if left is not None:
+                    harness.capacity[itype] = left - count
             reservation = run_instances(backend, image_id, count, user_data, security_group_names, **kwargs)
             for inst in reservation.instances:
                 harness._boot(backend, inst)
@@ -305,6 +329,29 @@ class MotoEC2:
                 for r in rows]})
 
         self._set(SpotInstances, "describe_spot_price_history", spot_price_history)
+
+        def create_placement_group(response_self):
+            from moto.core.responses import ActionResult
+
+            name, strategy = response_self._get_param("GroupName"), response_self._get_param("Strategy")
+            with harness._lock:
+                if name in harness.placement_groups:
+                    raise EC2ClientError("InvalidPlacementGroup.Duplicate",
+                                         f"The Placement Group '{name}' already exists.")
+                harness.placement_groups[name] = strategy
+            return ActionResult({"PlacementGroup": {"GroupName": name, "Strategy": strategy, "State": "available"}})
+
+        def delete_placement_group(response_self):
+            from moto.core.responses import ActionResult
+
+            name = response_self._get_param("GroupName")
+            with harness._lock:
+                if harness.placement_groups.pop(name, None) is None:
+                    raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+            return ActionResult({})
+
+        self._set(EC2Response, "create_placement_group", create_placement_group)
+        self._set(EC2Response, "delete_placement_group", delete_placement_group)
 
     def _address(self) -> str:
         with self._lock:

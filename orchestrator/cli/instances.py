@@ -46,6 +46,8 @@ def up(
     on_idle: Optional[str] = typer.Option(None, help="auto (break-even decides), stop or destroy."),
     rebuild_cost: Optional[float] = typer.Option(None, help="$ to rebuild this instance (for stop vs destroy)."),
     cheapest: bool = typer.Option(False, "--cheapest", help="Launch the offer that is cheapest per job (or per hour)."),
+    nodes: int = typer.Option(1, "--nodes", help="Machines: N > 1 rents a group NAME (nodes NAME-0 .. NAME-N-1) "
+                                                 "that trains under torchrun, all or nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
@@ -55,7 +57,16 @@ def up(
         name, provider=provider, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer,
         ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
-        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost)
+        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost, nodes=nodes)
+    if nodes > 1:
+        from orchestrator.cli import groups
+
+        if cheapest:
+            raise UsageError("--cheapest picks one machine: a group names its --provider (and --gpu)")
+        renter(provider or plugins.default_provider()).validate(request)  # before anything is opened
+        groups.up(name, provider, request, nodes, spec=spec, policy=policy, disk_given=disk is not None,
+                  ssh_timeout=ssh_timeout, wait=wait, as_json=as_json)
+        return
     chose = provider is not None or gpu is not None or cpu or gpus != 1 or offer is not None or cheapest
     auto_cpu = False
     if not cheapest:  # the provider that will rent is known: what it cannot do is refused before anything is opened
@@ -110,7 +121,7 @@ def up(
 
 def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,
                      epochs, imgsz, batch, save_period, train_arg, push_to, resume, idle_minutes, max_hours, on_idle,
-                     rebuild_cost, need_data: bool = False):
+                     rebuild_cost, need_data: bool = False, nodes: int = 1):
     """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
     training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
     options (``need_data``: training is what it is for) and checks them here too."""
@@ -141,6 +152,7 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     if provider is not None:
         refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
         need_credentials(provider)
+    check_group_options(name, nodes, spec, request, provider, resume=resume, job=need_data)
     return policy, spec, request
 
 
@@ -163,6 +175,26 @@ def renter(provider: str):
 def need_credentials(provider: str) -> None:
     """A provider without its key is refused before anything is opened, checked or created."""
     renter(provider).require_credentials()
+
+
+def check_group_options(name, nodes, spec, request, provider, resume: bool = False, job: bool = False):
+    """--nodes N: its size, the names of its nodes, the global batch against the world size, and
+    the provider's own word that it can rent a group, all before anything is opened. ``job``:
+    `orch run` checks its names (NAME-aK) and its providers (a list) itself."""
+    from orchestrator import groups, plugins
+
+    groups.check_nodes(nodes)
+    if nodes == 1:
+        return
+    if spec is not None:
+        per_node = 1 if request.cpu else request.gpus
+        groups.check_batch(spec.batch, nodes, per_node, 16 if request.cpu else None)
+    if job:
+        return
+    groups.check_name(name, nodes)
+    if resume:
+        raise UsageError("--resume on a group: `orch run NAME --nodes N --resume` resumes it on every node")
+    groups.check_provider(renter(provider or plugins.default_provider()), nodes, request)
 
 
 def refuse_reached(folder, epochs: int) -> None:
@@ -238,9 +270,12 @@ def status(
         fleet.show(all_, as_json, refreshed=refresh)
         return
     from orchestrator import watchdog
+    from orchestrator.cli import groups
     from orchestrator.views import iso, model_dict
 
     orch = open_orch()
+    if groups.status(orch, name, as_json):
+        return
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
         raise UsageError(f"no instance named {name!r}")
@@ -314,14 +349,15 @@ def _run_view(orch, inst, run) -> dict:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None)):
+def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None),
+        node: Optional[int] = typer.Option(None, "--node", help="A group's node, by rank (default 0, the head).")):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
-    from orchestrator import ssh_exec
+    from orchestrator import groups, ssh_exec
     from orchestrator.lifecycle import check_name
 
     check_name(name)
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = groups.resolve(orch, name, node)
     if not inst.ssh_host:
         raise UsageError(f"{name} has no SSH endpoint yet ({inst.state})")
     if not inst.host_key:
@@ -340,9 +376,13 @@ def stop(name: str):
     """Stop the instance: compute stops billing, the disk is kept (and may still bill)."""
     from orchestrator.lifecycle import check_name
 
+    from orchestrator import groups
+
     check_name(name)
     orch = open_orch()
-    inst = orch.stop(orch.instance(name))
+    inst = orch.instance(name)
+    groups.refuse_alone(inst, "stopped")
+    inst = orch.stop(inst)
     out(f"{inst.name}: {inst.state} (disk kept, ${inst.stopped_price_hr:.4f}/hr while stopped)")
 
 
@@ -356,8 +396,12 @@ def start(name: str,
     check_name(name)
     if timeout is not None and not 0 < timeout <= 24 * 60:
         raise UsageError(f"--timeout must be minutes above 0 and at most 1440, not {timeout}")
+    from orchestrator import groups
+
     orch = open_orch()
-    inst = orch.start(orch.instance(name), timeout=timeout * 60 if timeout is not None else None)
+    inst = orch.instance(name)
+    groups.refuse_alone(inst, "started")
+    inst = orch.start(inst, timeout=timeout * 60 if timeout is not None else None)
     out(f"{inst.name}: {inst.state} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
 
 
@@ -370,27 +414,49 @@ def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", he
     when one is training or with --all (without a terminal to ask, --yes is needed)."""
     from orchestrator.lifecycle import check_name
 
+    from orchestrator import groups
+    from orchestrator.cli import groups as group_commands
+
     if all_ == bool(names):
         raise UsageError("name the instances to destroy, or --all (not both)")
     for name in names or []:
         check_name(name)
     orch = open_orch()
-    targets = orch.ledger.instances(live_only=True) if all_ else [orch.instance(n) for n in dict.fromkeys(names)]
-    if not targets:
+    # A group is named by its own name and goes as one (rank 0's run home, every node at once).
+    if all_:
+        live = orch.ledger.instances(live_only=True)
+        group_names = sorted({i.group_name for i in live if groups.is_group(i)})
+        targets = [i for i in live if not groups.is_group(i)]
+    else:
+        group_names = [n for n in dict.fromkeys(names) if orch.ledger.by_name(n) is None and groups.live(orch.ledger, n)]
+        targets = [orch.instance(n) for n in dict.fromkeys(names) if n not in group_names]
+        for inst in targets:
+            groups.refuse_alone(inst, "destroyed")
+    if not targets and not group_names:
         out("no live instance")
         return
     training = [i.name for i in targets if _training(orch, i)]
+    training += [g for g in group_names if any(_training(orch, n) for n in groups.live(orch.ledger, g))]
     if (all_ or training) and not yes:
-        what = ", ".join(f"{i.name}" + (" (TRAINING)" if i.name in training else "") for i in targets)
+        what = ", ".join(f"{n}" + (" (TRAINING)" if n in training else "") for n in [*group_names,
+                                                                                       *(i.name for i in targets)])
         why = (f"{', '.join(training)} {'is' if len(training) == 1 else 'are'} training" if training
-               else f"--all destroys every live instance ({len(targets)})")
+               else f"--all destroys every live instance ({len(targets)}) and group ({len(group_names)})")
         _confirm(f"destroy {what}{'' if no_pull else ', after pulling their weights'}?", why)
     failed = []
+    for group in group_names:
+        try:
+            group_commands.down(orch, group, no_pull)
+        except OrchError as e:
+            if len(group_names) + len(targets) == 1:
+                raise
+            failed.append(group)
+            say(f"orch: error: {group}: {e}")
     for inst in targets:
         try:
             _down(orch, inst, no_pull)
         except OrchError as e:
-            if len(targets) == 1:
+            if len(group_names) + len(targets) == 1:
                 raise
             failed.append(inst.name)
             say(f"orch: error: {inst.name}: {e}")

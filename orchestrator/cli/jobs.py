@@ -100,6 +100,9 @@ def run(
         request = replace(request, cpu=True)
         say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
             f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
+    nodes = options["nodes"]
+    if nodes > 1:
+        providers = _group_providers(name, nodes, providers, request)
     if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
         first = instances.renter(providers[0] if providers else plugins.default_provider())
         first.validate(request)
@@ -136,7 +139,7 @@ def run(
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images,
-                      max_price=max_price)
+                      max_price=max_price, nodes=nodes)
     t0 = time.monotonic()
     if not request.cpu and not request.offer:
         say(f"plan: asking {', '.join(providers) if providers else 'every provider with a key'} for live offers")
@@ -180,6 +183,27 @@ def _cpu_by_default(providers: list[str], options: dict) -> bool:
         if name != default and cls(config.provider_settings(name)).configured():
             return False
     return True
+
+
+def _group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
+    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
+    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
+    from orchestrator import groups, jobs, plugins
+
+    longest = jobs.MAX_GROUP_JOB_NAME
+    if len(name) > longest:
+        raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "
+                         f"NAME-a1-0, NAME-a1-1, ...), not {len(name)}")
+    if request.cpu and not providers:
+        providers = [plugins.default_provider()]
+    if providers:
+        for p in providers:
+            groups.check_provider(instances.renter(p), nodes, request)
+        return providers
+    able = [p for p in plugins.providers() if instances.renter(p).capabilities.groups]
+    if not able:
+        raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
+    return able
 
 
 def _signature() -> inspect.Signature:
@@ -232,6 +256,8 @@ def _show(orch, job, as_json: bool) -> None:
             + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"]
                and d["state"] != jobs.COMPLETED else ""))  # a completed job's copies are gone: its weights are home
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
+    if (d.get("nodes") or 1) > 1:
+        out(f"  nodes    {d['nodes']} per attempt: a group training under torchrun, relaunched as one")
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
     for a in d["attempts"]:

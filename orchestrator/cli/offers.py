@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from statistics import mean, median
@@ -64,6 +64,9 @@ def offers(
     dataset_gb: Optional[float] = typer.Option(None, help="The job's dataset size in GB, when --data is not at hand."),
     imgsz: Optional[int] = typer.Option(None, help="The job's training image size (as `orch up --imgsz`)."),
     fresh: bool = typer.Option(False, "--fresh", help="Ask every provider now, not the cache."),
+    nodes: int = typer.Option(1, "--nodes", help="Price a group of N machines of each offer (`orch up --nodes N`)."),
+    scaling: Optional[float] = typer.Option(None, "--scaling", help="With --nodes: the share of one machine each "
+                                            "added node adds (default: node_scaling in config.toml, else 0.8)."),
     as_json: bool = typer.Option(False, "--json", help="Rows, errors and sources as JSON."),
 ):
     """Live on-demand and spot offers from every configured provider, ranked by $/hr or by $ per job.
@@ -82,6 +85,12 @@ def offers(
             raise UsageError(f"{flag} must be above 0 and at most {top:g}, not {value:g}")
     if imgsz is not None and not 32 <= imgsz <= 8192:
         raise UsageError(f"--imgsz must be between 32 and 8192, not {imgsz}")
+    from orchestrator import config, groups
+
+    groups.check_nodes(nodes)
+    if scaling is not None and nodes == 1:
+        raise UsageError("--scaling is the speedup of a group: add --nodes N")
+    efficiency = o.check_scaling(scaling if scaling is not None else config.get("node_scaling", o.NODE_EFFICIENCY))
     job = None
     if epochs is not None:
         job = o.job_for(model, epochs, data=data, dataset_gb=dataset_gb, imgsz=imgsz)
@@ -101,6 +110,14 @@ def offers(
     o.check_query(query, job)
     orch = open_orch(lazy=True)  # the ledger opens only for a job's measured epoch times
     answer = o.search(orch, query, job, fresh=fresh)
+    if nodes > 1:
+        # The same factor on every row: the ranking stands. Providers that cannot rent a group are no answer.
+        unable = [n for n in answer.asked if not _can_group(orch, n)]
+        if unable:
+            say(f"left out: {', '.join(unable)} (cannot rent a group of machines)")
+        answer = replace(answer, rows=[r for r in o.for_nodes(answer.rows, nodes, efficiency)
+                                       if r.offer.provider not in unable],
+                         asked=[n for n in answer.asked if n not in unable])
     for name, error in answer.errors:
         print(f"orch: {name}: {error}", file=sys.stderr)
     for name, why in answer.skipped:
@@ -111,13 +128,17 @@ def offers(
     if as_json:
         emit_json({"query": {"gpu": gpu, "gpus": gpus, "min_vram": min_vram, "mode": mode, "disk_gb": disk,
                               "max_price": max_price, "providers": answer.asked, "epochs": epochs, "model": model,
-                              "data": data, "dataset_gb": dataset_gb},
+                              "data": data, "dataset_gb": dataset_gb, "nodes": nodes,
+                              "node_scaling": efficiency if nodes > 1 else None},
                     "offers": [r.to_dict() for r in answer.rows],
                     "errors": [{"provider": n, "error": e} for n, e in answer.errors],
                     "skipped": [{"provider": n, "why": w} for n, w in answer.skipped],
                     "partial": answer.partial,
                     "throughput_source": gpu_table.THROUGHPUT_SOURCE if answer.used_table else None})
     else:
+        if nodes > 1:
+            print(f"a group of {nodes} machines of each offer: every $ below is the group's; hours assume each "
+                  f"added node adds {efficiency:.0%} of one machine (--scaling sets it)")
         _table(answer, mode, disk, job is not None)
         if answer.used_table:
             print(f"throughput table: {gpu_table.THROUGHPUT_SOURCE}")
@@ -127,6 +148,11 @@ def offers(
         sys.exit(PARTIAL)
     if not answer.asked:  # nothing failed, yet nobody could be asked: no keys (each skipped one is named above)
         raise OrchError("no provider could be asked for offers: add a provider's key (see `orch check`)")
+
+
+def _can_group(orch, name: str) -> bool:
+    """Whether the provider can rent a group (its capability): the others' offers are no answer to --nodes."""
+    return orch.provider(name).capabilities.groups
 
 
 def _mode(spot: bool, on_demand: bool, both: bool) -> str:

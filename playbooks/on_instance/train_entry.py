@@ -2,7 +2,8 @@
 
 Single device: LibreYOLO's own CLI in this process. Several GPUs or a hub push: the Python API,
 which is the only way to pass a device list or callbacks, under the ``__main__`` guard that its
-per-GPU workers need when they re-import this file.
+per-GPU workers need when they re-import this file. A node of a group: the Python API too, run by
+torchrun (LibreYOLO reads LOCAL_RANK/RANK/WORLD_SIZE itself), the only way to pass ``sync_bn``.
 """
 import json
 import os

@@ -1,0 +1,158 @@
+"""A LibreYOLO training on a group (`--nodes N`): the kind-specific launch on a ready group.
+
+PyTorch's own launcher, never a home-made one: on every node ``python -m torch.distributed.run
+--nnodes N --nproc-per-node G --node-rank R --master-addr HEAD --master-port PORT --local-addr NODE
+train_entry.py run.json`` (static ranks, which proved reliable where a c10d rendezvous did not: it
+gives ranks in joining order, and rank 0 is the one that writes the run). The rendezvous listens
+on rank 0's private address (a port rank 0 itself says is free); each node gives its own address,
+so the group's traffic stays on the private network. LibreYOLO takes ``LOCAL_RANK`` as "launched by torchrun", joins the
+process group (NCCL on GPUs, gloo on CPUs), splits the global ``batch`` over the world and lets
+rank 0 alone write checkpoints, ``status.json`` and ``metrics.jsonl`` (shared/reference/multinode.md).
+
+- The same data on every node: each stages the same packed dataset (in parallel).
+- The Python API (``train_entry.py``'s api mode), because it alone takes ``sync_bn``: SyncBatchNorm
+  refuses CPU modules, so a CPU group trains with ``sync_bn=False``.
+- Every node also gets ``nodes.node_env``'s variables (ORCH_NODE_RANK, ...).
+- A resume needs ``last.pt`` at the resume path on EVERY node (with it on rank 0 alone, rank 1
+  raises FileNotFoundError and the group dies): each node's resume copy is checked there first.
+
+Rank 0's run row is the group's run (status, logs, monitor and pull read it); every other node has
+a row of its own, for its process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from orchestrator.errors import OrchError, UsageError
+from orchestrator.text import why as _why
+
+
+def launch(orch, nodes: list, spec) -> Any:
+    """Stage the data on every node, then start torchrun on every node; returns rank 0's run row."""
+    from orchestrator import groups, training
+    from orchestrator.lifecycle import kill_point
+    from playbooks import host, train
+
+    size = len(nodes)
+    head = nodes[0]
+    per_node = 1 if head.cpu_only else max(head.gpus or 1, 1)
+    staged: dict[int, dict] = {}
+    errors: list[tuple[int, BaseException]] = []
+    limits = training.extract_limits(head.disk_gb or 20, spec.data_bytes)
+
+    def stage(rank: int) -> None:
+        node = nodes[rank]
+        try:
+            with orch.connect(node) as c:
+                work = host.workdir(c)
+                if spec.data.startswith("hf://"):
+                    from orchestrator.hub import parse_hf
+
+                    train.ensure_hub_client(c)
+                    repo_id, filename = parse_hf(spec.data)
+                    data_yaml = train.stage_hf(c, repo_id, filename, training.hub_env(), limits)
+                else:
+                    data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: None,
+                                                limits=limits)
+                run = orch.ledger.latest_run(node.id) if spec.resume else None
+                if run is None:
+                    run = orch.ledger.add_run(instance_id=node.id, model=spec.model, data=spec.data,
+                                              data_bytes=spec.data_bytes, epochs=spec.epochs,
+                                              gpu_name=node.gpu_name, state="starting")
+                name, project = f"r{run.id}", f"{work}/runs"
+                if spec.resume:
+                    training._ensure_checkpoint(orch, node, c, f"{project}/{name}", spec.epochs)
+                if spec.push_to:
+                    train.ensure_hub_client(c)
+                staged[rank] = {"run": run, "data_yaml": data_yaml, "project": project, "name": name}
+        except BaseException as e:  # noqa: BLE001 - gathered: the group launches on every node or none
+            errors.append((rank, e))
+
+    orch.say(f"      staging the data on {size} nodes")
+    _each(size, stage)
+    _raise_first(nodes, errors, "staging")
+    with orch.connect(head) as c:
+        master = head.private_ip or head.ssh_host
+        port = train.free_port(c, master)
+    pids: dict[int, int] = {}
+
+    def start(rank: int) -> None:
+        node, s = nodes[rank], staged[rank]
+        keys = training.train_keys(spec, s["data_yaml"], s["project"], s["name"], per_node, node.cpu_only)
+        if node.cpu_only:
+            keys["sync_bn"] = False  # SyncBatchNorm refuses CPU modules; only the API takes it
+        entry = {"mode": "api", "name": s["name"], "kwargs": keys,
+                 "push_to": spec.push_to[5:].strip("/") if spec.push_to and rank == 0 else None}
+        # Static ranks: node R is torchrun's node R, so LibreYOLO's rank 0 (the one that writes the
+        # run) is node 0. A c10d rendezvous hands ranks out in joining order: node 1 was seen
+        # taking rank 0 (and writing the checkpoints on its own disk).
+        launcher = ["-m", "torch.distributed.run", f"--nnodes={size}", f"--nproc-per-node={per_node}",
+                    f"--node-rank={rank}", f"--master-addr={master}", f"--master-port={port}",
+                    f"--local-addr={node.private_ip or node.ssh_host}", "--max-restarts=0"]
+        env = groups.env(nodes, rank, 0 if node.cpu_only else per_node)
+        if spec.push_to and rank == 0:
+            env.update(training.hub_env())
+        try:
+            with orch.connect(node) as c:
+                kill_point("before-train")
+                pids[rank] = train.start(c, entry, env, launcher=launcher)
+            public = {k: v for k, v in keys.items() if k != "data"}
+            public.update(orch_nodes=size, orch_world_size=size * per_node, orch_node_rank=rank)
+            orch.ledger.update_run(s["run"].id, run_dir=f"{s['project']}/{s['name']}", pid=pids[rank],
+                                   state="running", args=json.dumps(public, sort_keys=True), ended_at=None)
+            orch.ledger.note(node.id, f"training {'resumed' if spec.resume else 'started'} as node {rank} of {size} "
+                                      f"under torchrun (rendezvous {master}:{port}), pid {pids[rank]}", orch.actor)
+        except BaseException as e:  # noqa: BLE001 - gathered, then the caller gives the group back
+            errors.append((rank, e))
+
+    _each(size, start)
+    if errors:
+        stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
+    _raise_first(nodes, errors, "starting the training")
+    run = orch.ledger.latest_run(head.id)
+    orch.say(f"      training {spec.model} for {spec.epochs} epochs on {size} nodes x {per_node} "
+             f"(world size {size * per_node}), rendezvous {master}:{port}; rank 0 writes {run.run_dir}")
+    return run
+
+
+def stop(orch, nodes: list) -> list[str]:
+    """End the training on every node that still answers (a lost node leaves the others waiting on
+    the process group for hours: nobody but orch ends them); returns why for those it could not."""
+    from orchestrator import states
+    from playbooks import train
+
+    problems: list[str] = []
+
+    def end(rank: int) -> None:
+        node = orch.ledger.get(nodes[rank].id)
+        run = orch.ledger.latest_run(node.id)
+        if node.state != states.READY or run is None or not run.pid:
+            return
+        try:
+            with orch.connect(node) as c:
+                train.stop_training(c, run.pid)
+        except (OrchError, OSError) as e:
+            problems.append(f"{node.name}: {_why(e)}")
+
+    _each(len(nodes), end)
+    return problems
+
+
+def _each(n: int, fn) -> None:
+    threads = [threading.Thread(target=fn, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _raise_first(nodes: list, errors: list, what: str) -> None:
+    if not errors:
+        return
+    rank, error = min(errors, key=lambda x: x[0])
+    if isinstance(error, KeyboardInterrupt):
+        raise error
+    raise (UsageError if isinstance(error, UsageError) else OrchError)(f"{what} on node {rank} ({nodes[rank].name}) failed: {_why(error)}") from error

@@ -1,0 +1,197 @@
+"""`--nodes N`: a group of local instances brought up together, all or nothing, shown and ended as one."""
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import run_orch
+from tests.test_offers import fakes  # noqa: F401  (the fake RunPod and Vast.ai APIs)
+
+
+def _leftovers(home):
+    """What would still bill: local instances on disk, live rows in the ledger."""
+    from orchestrator.lifecycle import Orch
+
+    root = home / "local"
+    dirs = sorted(p.name for p in root.iterdir()) if root.exists() else []
+    return dirs, [i.name for i in Orch.open(say=lambda m: None).ledger.instances(live_only=True)]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nodes", "0", "--cpu"], "--nodes must be between 1 and 64, not 0"),
+    (["--nodes", "1000", "--cpu"], "--nodes must be between 1 and 64, not 1000"),
+    (["--nodes", "2", "--provider", "runpod", "--cpu"], "runpod cannot rent a group"),
+    (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group"),
+    (["--nodes", "3", "--cpu", "--data", "DS", "--batch", "4"], "--batch 4 does not divide by the world size 3"),
+    (["--nodes", "2", "--gpus", "2", "--provider", "local", "--data", "DS"], "give --batch"),
+    (["--nodes", "-1", "--cpu"], "--nodes must be between 1 and 64, not -1"),
+])
+@pytest.mark.parametrize("command", ["up", "run"])
+def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_path, args, says, command):
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
+    args = [str(ds) if a == "DS" else a for a in args]
+    if command == "run" and "--data" not in args:
+        args += ["--data", str(ds)]
+    p = run_orch(command, "g", *args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], p.stderr
+    assert not orch_home.exists(), "nothing created: no ledger, no instance, no home"
+
+
+def test_a_group_jobs_name_must_leave_room_for_its_nodes(orch_home, tmp_path):
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
+    p = run_orch("run", "j" * 34, "--nodes", "2", "--cpu", "--data", ds)
+    assert p.returncode == 2 and "at most 33 characters" in p.stderr and not orch_home.exists(), p.stderr
+
+
+def test_runpod_and_vastai_refuse_a_group_before_any_api_call(orch_home, monkeypatch):
+    """Their APIs point at a port where nothing listens (conftest): a refusal that asked them first
+    would say so; it names what the provider lacks instead."""
+    monkeypatch.setenv("RUNPOD_API_KEY", "k")
+    monkeypatch.setenv("VAST_API_KEY", "k")
+    for provider in ("runpod", "vastai"):
+        p = run_orch("up", "g", "--nodes", "2", "--provider", provider, "--gpu", "RTX 4090")
+        assert p.returncode == 2 and "no private network" in p.stderr, p.stderr
+    assert not orch_home.exists()
+
+
+def test_a_local_group_comes_up_together_is_shown_as_one_and_goes_down_as_one(orch_home):
+    t0 = time.monotonic()
+    up = run_orch("up", "pair", "--nodes", "2", "--cpu", "--json", check=0)
+    took = time.monotonic() - t0
+    group = json.loads(up.stdout)
+    assert group["group"] == "pair" and [n["name"] for n in group["nodes"]] == ["pair-0", "pair-1"]
+    assert {n["state"] for n in group["nodes"]} == {"ready"}
+    assert [n["node_rank"] for n in group["nodes"]] == [0, 1] and {n["group_size"] for n in group["nodes"]} == {2}
+    ips = [n["private_ip"] for n in group["nodes"]]
+    assert len(set(ips)) == 2 and all(ip.startswith("127.") for ip in ips), "each node its own loopback address"
+    # In parallel: both nodes were renting before either was ready.
+    lines = up.stderr.splitlines()
+    first_ready = min(i for i, line in enumerate(lines) if "[4/4]" in line)
+    assert sum("[1/4] renting" in line for line in lines[:first_ready]) == 2, up.stderr
+    assert took < 600
+
+    fleet = run_orch("status", check=0).stdout
+    rows = fleet.splitlines()
+    head = next(i for i, r in enumerate(rows) if r.startswith("pair "))
+    assert "2 nodes" in rows[head] and "pair-0 (rank 0)" in rows[head + 1] and "pair-1 (rank 1)" in rows[head + 2]
+    shown = run_orch("status", "pair", check=0).stdout
+    assert "node 0" in shown and "node 1" in shown and ips[1] in shown
+
+    # Each node is a machine of its own: its own instance id, the other reachable at its private address.
+    one = run_orch("ssh", "pair", "--node", "1", "--", "echo $ORCH_INSTANCE_ID", check=0).stdout.strip()
+    zero = run_orch("ssh", "pair", "--", "echo $ORCH_INSTANCE_ID", check=0).stdout.strip()
+    assert one and zero and one != zero and zero in group["nodes"][0]["provider_id"]
+    assert one in group["nodes"][1]["provider_id"]
+    assert run_orch("ssh", "pair", "--node", "2").returncode == 2
+
+    # No node alone: stop, start, down of a node (or of the group as if it were one machine) refused.
+    for verb, target in (("stop", "pair"), ("down", "pair-1"), ("stop", "pair-0")):
+        p = run_orch(verb, target)
+        assert p.returncode == 2 and "orch down pair" in p.stderr, p.stderr
+    assert "ready" in run_orch("status", "pair-1", check=0).stdout
+
+    down = run_orch("down", "pair", check=0).stdout
+    assert "pair-0 destroyed" in down and "pair-1 destroyed" in down
+    assert _leftovers(orch_home) == ([], [])
+
+
+def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
+    """Node 1 meets a capacity error at its create; node 0, already up, is destroyed: nothing bills."""
+    from orchestrator import groups, plugins, states
+    from orchestrator.errors import NoCapacity, OrchError
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+    from providers.local import LocalProvider
+
+    class Scarce(LocalProvider):
+        name = "scarce"
+
+        def create(self, request, label, public_key):
+            if request.node_rank == 1:
+                time.sleep(1)  # node 0 is on its way meanwhile
+                raise NoCapacity("no capacity for a second machine")
+            return super().create(request, label, public_key)
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(Scarce)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        orch = Orch.open(say=lambda m: None)
+        with pytest.raises(OrchError) as err:
+            groups.up(orch, "short", "scarce", Request(name="short", cpu=True), 2)
+        assert "node 1 of 2" in str(err.value) and "nothing of the group bills" in str(err.value)
+        rows = {i.name: i for i in orch.ledger.instances()}
+        assert rows["short-1"].state == states.FAILED
+        assert rows["short-0"].state == states.DESTROYED, "the node that came up is given back"
+        assert not any((orch_home / "local").iterdir())
+    finally:
+        plugins.manager().unregister(plugin)
+
+
+def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # noqa: F811
+    """The same live rows, priced for 2 machines: every $/hr doubled, the hours divided by the stated
+    speedup (1 + e); providers that cannot rent a group are left out of `orch offers --nodes`."""
+    from orchestrator import offers
+    from tests.test_offers import search
+
+    job = offers.Job(model="yolo9-t", epochs=10, data="hf://acme/birds/birds.tar", data_bytes=10**9)
+    one = search(gpu="RTX 4090", job=job).rows
+    two = offers.for_nodes(one, 2, 0.7)
+    assert one and len(two) == len(one)
+    for a, b in zip(one, two):
+        assert b.price_hr == pytest.approx(2 * a.price_hr)
+        assert b.hours == pytest.approx(a.hours / 1.7)
+        assert b.job_usd(False) == pytest.approx(a.job_usd(False) * 2 / 1.7)
+        assert "2 nodes at 70% scaling per added node (assumed" in b.estimate.detail
+    shown = run_orch("offers", "--nodes", "2", "--scaling", "0.7", "--gpu", "RTX 4090")
+    assert "left out: runpod, vastai (cannot rent a group" in shown.stderr, shown.stderr
+    assert "70%" in shown.stdout and "no offer matches" in shown.stdout
+    for bad in (["--nodes", "0"], ["--nodes", "2", "--scaling", "0"], ["--scaling", "0.5"]):
+        assert run_orch("offers", *bad).returncode == 2
+
+
+def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(orch_home, monkeypatch):
+    """Node 0 idle, node 1 training: neither is stopped. Node 1 done: both go in one pass."""
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the controller's reaper alone on duty
+    orch_home.mkdir(parents=True)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 3.6\n")  # 0.001 $/s
+    run_orch("up", "team", "--nodes", "2", "--cpu", "--idle-minutes", "0.01", check=0)
+    # A training on node 1 (a process that runs train_entry.py, as the watchdog's probe counts one).
+    pid = run_orch("ssh", "team", "--node", "1", "--", "setsid python3 -c 'import time; time.sleep(900)' train_entry.py "
+                   "> /dev/null 2>&1 < /dev/null & echo $!", check=0).stdout.strip()
+    assert pid.isdigit()
+    time.sleep(1)
+
+    def reap() -> dict:
+        return {o["name"]: o for o in json.loads(run_orch("reap", "--json", check=0).stdout)}
+
+    first = reap()
+    assert first["team-0"]["action"] == "keep" and "group team is busy" in first["team-0"]["reason"], first
+    assert first["team-1"]["action"] == "keep" and "busy" in first["team-1"]["reason"], first
+
+    run_orch("ssh", "team", "--node", "1", "--", f"kill {pid}", check=0)  # this one process, by its id
+    time.sleep(1)
+    second = reap()
+    assert second["team-0"]["action"] == second["team-1"]["action"] == "stop", second
+    assert second["team-0"]["acted"] and second["team-1"]["acted"]
+
+    spent = json.loads(run_orch("cost", "team", "--json", check=0).stdout)
+    assert [n["name"] for n in spent["groups"]["team"]["nodes"]] == ["team-0", "team-1"]
+    nodes = {i["name"]: i["total_usd"] for i in spent["instances"]}
+    assert set(nodes) == {"team-0", "team-1"} and all(v > 0 for v in nodes.values())
+    assert spent["groups"]["team"]["total_usd"] == pytest.approx(sum(nodes.values()))
+    shown = run_orch("cost", check=0).stdout
+    assert "group team" in shown and "over 2 nodes" in shown
+    run_orch("down", "team", check=0)
