@@ -73,7 +73,7 @@ def test_two_nodes_train_one_run_under_torchrun_and_rank_0_brings_the_weights_ho
     args = json.loads(ledger.latest_run(ids[0]).args)
     assert args["orch_world_size"] == 2 and args["orch_nodes"] == 2 and args["sync_bn"] is False
 
-    down = run_orch("down", "duo", check=0)
+    down = run_orch("down", "duo", "--yes", check=0)
     assert "duo-0 destroyed" in down.stdout and "duo-1 destroyed" in down.stdout
     home = orch_home / "runs" / "duo"
     for f in ("weights/best.pt", "weights/last.pt", "status.json", "metrics.jsonl"):
