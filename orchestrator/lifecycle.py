@@ -55,8 +55,6 @@ def check_request(name: str, request: Request) -> None:
         raise UsageError("--bid is a spot price: add --spot")
     if request.cpu and request.gpu:
         raise UsageError("--cpu and --gpu exclude each other")
-    if request.cpu and request.offer:
-        raise UsageError("--offer picks a GPU offer (`orch offers`): a --cpu instance takes none")
     for text, what in ((request.gpu, "--gpu"), (request.image, "--image"), (request.offer, "--offer")):
         if text is not None and (not text.strip() or any(not c.isprintable() for c in text) or len(text) > 200):
             raise UsageError(f"{what} takes a printable value of at most 200 characters")

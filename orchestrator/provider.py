@@ -177,6 +177,8 @@ class Provider:
     # Why this provider cannot rent a group (`--nodes N`), said up front when its capabilities lack
     # ``groups``: the user learns what to do instead, and nothing is rented.
     groups_refused: ClassVar[str] = "it declares no private network between its instances"
+    # Whether --offer names a CPU instance type too (AWS: region:m6i.large); elsewhere an offer is a GPU's.
+    cpu_offers: ClassVar[bool] = False
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         self.settings = settings or {}
@@ -268,6 +270,8 @@ class Provider:
             raise UsageError(f"{self.name} has no GPUs: use --cpu")
         if request.spot and not caps.spot:
             raise UsageError(f"spot instances are not supported by {self.name}")
+        if request.cpu and request.offer and not self.cpu_offers:
+            raise UsageError(f"--offer picks a GPU offer (`orch offers`): a --cpu instance on {self.name} takes none")
         if request.bid is not None and not request.spot:
             raise UsageError("--bid is a spot price: add --spot")
 

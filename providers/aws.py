@@ -156,6 +156,7 @@ class AWSProvider(Provider):
                                 groups=True)
     env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+    cpu_offers = True  # --cpu --offer us-west-2:m6i.large: a CPU type, in the region named
     credentials = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or ~/.aws/credentials, "
                    "or a [providers.aws] section in config.toml")
     login = "ubuntu"  # the Deep Learning AMI's user

@@ -87,7 +87,7 @@ def test_a_job_whose_instance_serves_a_hostile_last_pt_keeps_no_copy_uploads_not
     copy = orch_home / "jobs" / "jz" / f"ckpt-{kept}" / "weights" / "last.pt"
     # ...which is swapped at home for a zip whose pickle calls eval (a careless teammate, a shared disk),
     hostile_checkpoint(copy, mark, legacy=False)
-    run_orch("down", "jz-a1", "--no-pull", check=0)  # and the machine goes.
+    run_orch("down", "jz-a1", "--no-pull", "--yes", check=0)  # and the machine goes.
     job = _advance_until("jz", lambda j: len(j["attempts"]) == 2 and j["attempts"][1]["state"] == "running")
     second = job["attempts"][1]
     assert second["start_epoch"] == 1 and "started at epoch 1" in second["resumed_from"], second

@@ -151,8 +151,10 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     check_request(name, request)
     if provider is not None:
         refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
-        need_credentials(provider)
+    # What a provider can never do (a group on RunPod) is said before a key it would need anyway.
     check_group_options(name, nodes, spec, request, provider, resume=resume, job=need_data)
+    if provider is not None:
+        need_credentials(provider)
     return policy, spec, request
 
 
@@ -356,6 +358,8 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
     from orchestrator.lifecycle import check_name
 
     check_name(name)
+    if node is not None and not 0 <= node < groups.MAX_NODES:
+        raise UsageError(f"--node is a rank from 0 to {groups.MAX_NODES - 1}, not {node}")
     orch = open_orch()
     inst = groups.resolve(orch, name, node)
     if not inst.ssh_host:

@@ -90,8 +90,7 @@ def run(
     if not 0 <= retries <= jobs.MAX_RETRIES:
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
-    for p in providers:
-        instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
+    named = list(providers)
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
     policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
     if _cpu_by_default(providers, options):
@@ -103,6 +102,8 @@ def run(
     nodes = options["nodes"]
     if nodes > 1:
         providers = _group_providers(name, nodes, providers, request)
+    for p in named:
+        instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
     if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
         first = instances.renter(providers[0] if providers else plugins.default_provider())
         first.validate(request)
