@@ -216,11 +216,13 @@ class MotoEC2:
                 if times:
                     harness._fail[action] = (times - 1, code, message)
                     harness._failing = (code, message)
-            if times:
-                response_self.querystring = {**response_self.querystring, "Action": ["FakeUnavailable"]}
             placement = (response_self.querystring.get("Placement.GroupName") or [None])[0]
-            if action == "RunInstances" and placement and placement not in harness.placement_groups:
-                response_self.querystring = {**response_self.querystring, "Action": ["FakeUnknownPlacement"]}
+            # The answer is routed by the action moto reads (``_get_action``: from the query string up to
+            # moto 5.2.5, from its service router since 5.2.6), so the reroute replaces that read.
+            if times:
+                response_self._get_action = lambda: "FakeUnavailable"
+            elif action == "RunInstances" and placement and placement not in harness.placement_groups:
+                response_self._get_action = lambda: "FakeUnknownPlacement"
             return call_action(response_self)
 
         def fake_unavailable(response_self):
