@@ -39,7 +39,8 @@ MAX_WAIT = 30.0
 # Create errors meaning "this offer was taken meanwhile": the next cheapest one may do. (Vast does
 # not document the code of a create refused under cancel_unavail; any code is looked into by label.)
 OFFER_TAKEN = {"no_such_ask", "resources_unavailable"}
-MAX_OFFERS_TRIED = 3
+MAX_OFFERS_TRIED = 3  # offers tried from one listing; then a fresh listing, without them
+OFFER_LISTINGS = 3  # listings looked at before "every offer was taken" (concurrent ups race for the cheapest)
 # Vast prices storage per month of 720 hours: the OpenAPI show_instance example has
 # storage_cost × GB / 720 = dph_total - dph_base (orch's own month is 730 h).
 VAST_HOURS_PER_MONTH = 720.0
@@ -79,6 +80,10 @@ def vast_gpu_name(name: str) -> str:
         n = ("GTX " if re.match(r"1\d{3}\b", n) else "RTX ") + n
     n = re.sub(r"^(rtx|gtx)\b", lambda m: m[1].upper(), n, flags=re.I)
     return re.sub(r"\bti$", "Ti", n, flags=re.I)
+
+
+class OffersTaken(NoCapacity):
+    """Every offer tried was rented by someone else first (or made an instance that would not run)."""
 
 
 class VastAIProvider(Provider):
@@ -183,12 +188,23 @@ class VastAIProvider(Provider):
     # -- the verbs -------------------------------------------------------------------------
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         self.validate(request)
-        candidates = self.offers(request)
-        if not candidates:
-            what = f"offer {request.offer} is no longer available" if request.offer else \
-                f"no Vast.ai offer matches {request.gpus}x {request.gpu or 'any GPU'} with {request.disk_gb} GB disk"
-            raise NoCapacity(what)
-        instance_id = self._rent(candidates[:MAX_OFFERS_TRIED], request, label)
+        tried: set[str] = set()
+        for _ in range(OFFER_LISTINGS):
+            candidates = [o for o in self.offers(request) if o.offer_id not in tried][:MAX_OFFERS_TRIED]
+            if not candidates and tried:
+                raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again")
+            if not candidates:
+                what = f"offer {request.offer} is no longer available" if request.offer else \
+                    f"no Vast.ai offer matches {request.gpus}x {request.gpu or 'any GPU'} with {request.disk_gb} GB disk"
+                raise NoCapacity(what)
+            tried.update(o.offer_id for o in candidates)
+            try:
+                instance_id = self._rent(candidates, request, label)
+                break
+            except OffersTaken as e:  # another renter was quicker: what is left, listed afresh
+                taken = e
+        else:
+            raise taken
         # Before anyone waits for SSH: the key is what lets orch in.
         self._attach(instance_id, public_key)
         return self.get(instance_id)
@@ -245,17 +261,18 @@ class VastAIProvider(Provider):
                                    f"{'; ' if why else ''}destroyed it)")
                 queue.pop(0)
                 continue
+            if getattr(error, "code", None) in OFFER_TAKEN:  # not a failure of Vast's: the next offer
+                queue.pop(0)
+                continue
             failures += 1
             if failures >= attempts:
                 raise error
-            if getattr(error, "code", None) in OFFER_TAKEN:
-                queue.pop(0)
-            elif isinstance(error, Transient):
+            if isinstance(error, Transient):
                 time.sleep(min(MAX_WAIT, error.wait if error.wait >= 0 else 0.5 * 2 ** (failures - 1)))
             else:
                 raise error
-        raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again"
-                         + (f" (last: {error})" if error else ""))
+        raise OffersTaken("every matching Vast.ai offer was taken before it could be rented; try again"
+                          + (f" (last: {error})" if error else ""))
 
     def _discard(self, instance_id: str, why: str) -> None:
         """Destroy an instance a create made that will not run; its id is in any error."""

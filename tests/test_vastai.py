@@ -239,6 +239,19 @@ def test_an_offer_taken_meanwhile_moves_to_the_next_cheapest(fake, provider):
     assert remote.raw["machine_id"] == 1507 and len(fake.live()) == 1
 
 
+def test_when_every_offer_tried_was_taken_a_fresh_listing_gives_the_next(fake, provider):
+    """Concurrent ups race for the same cheapest offers: losing three is no reason to give up while
+    the market has more (and no Vast failure counts against the retries)."""
+    fake.offers += [dict(fake.offers[0], id=2000 + i, ask_contract_id=2000 + i, machine_id=3000 + i,
+                         dph_base=0.41 + i / 100) for i in range(3)]
+    for offer in (1001, 2000, 2001, 2002):
+        fake.inject(404, {"success": False, "error": "no_such_ask", "msg": f"Instance type by id {offer} is not available."},
+                    method="PUT", path=rf"/asks/{offer}/")
+    remote = provider.create(Request(name="x", gpu="4090"), LABEL, "ssh-ed25519 AAAA x")
+    assert remote.raw["machine_id"] == 1507 and len(fake.live()) == 1  # offer 1007, from the second listing
+    assert len(fake.calls("PUT", r"/asks/")) == 5
+
+
 def test_a_create_error_with_a_failing_listing_does_not_retry_blind(fake, provider):
     fake.create_fails_after_creating()
     fake.fail_listing(times=10)
