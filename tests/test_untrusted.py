@@ -360,13 +360,28 @@ def test_a_silent_endpoint_prints_no_library_traceback(orch_home):
     assert config and remote and SSHError
 
 
+def cli_in_process(monkeypatch, capsys, home, args) -> tuple[int | str | None, str]:
+    """``orch ARGS`` through ``cli.main.main`` in this process, with ``home`` as ORCH_HOME: its exit
+    code and what it wrote to stderr (a few hundred inputs: a process each would take minutes)."""
+    from orchestrator import config
+    from orchestrator.cli.main import main
+
+    monkeypatch.setenv("ORCH_HOME", str(home))
+    monkeypatch.setattr(sys, "argv", ["orch", *args])
+    config._load.cache_clear()
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr()[1]
+
+
 def test_every_command_refuses_bad_option_values_in_one_line_creating_nothing(tmp_path, monkeypatch, capsys):
     """Every number option of every command, given values of the wrong kind: never a traceback, and
     a refusal is one line, exit 2, with nothing under ORCH_HOME (refused before anything is opened)."""
-    from orchestrator import config
     from orchestrator.cli import check, data, db, demo, instances, offers, reaper, reconcile  # noqa: F401
     from orchestrator.cli.app import app
-    from orchestrator.cli.main import main
 
     bad = {int: ["-1", "x", "1e20"], float: ["-1", "x", "nan", "inf"]}
     tried = refused = 0
@@ -383,16 +398,8 @@ def test_every_command_refuses_bad_option_values_in_one_line_creating_nothing(tm
             flag = next((d for d in (p.default.param_decls or ()) if d.startswith("--")), "--" + pname.replace("_", "-"))
             for value in bad.get(kind, []):
                 home = tmp_path / f"h{tried}"
-                monkeypatch.setenv("ORCH_HOME", str(home))
                 args = [*path, *required, f"{flag}={value}"]
-                monkeypatch.setattr(sys, "argv", ["orch", *args])
-                config._load.cache_clear()
-                try:
-                    main()
-                    code = 0
-                except SystemExit as e:
-                    code = e.code
-                _, err = capsys.readouterr()
+                code, err = cli_in_process(monkeypatch, capsys, home, args)
                 tried += 1
                 assert "Traceback" not in err and "internal error" not in err, (args, err)
                 assert code == 2, (args, code, err)
