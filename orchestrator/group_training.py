@@ -23,9 +23,9 @@ a row of its own, for its process.
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
+from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import why as _why
 
@@ -39,47 +39,41 @@ def launch(orch, nodes: list, spec) -> Any:
     size = len(nodes)
     head = nodes[0]
     per_node = 1 if head.cpu_only else max(head.gpus or 1, 1)
-    staged: dict[int, dict] = {}
-    errors: list[tuple[int, BaseException]] = []
     limits = training.extract_limits(head.disk_gb or 20, spec.data_bytes)
 
-    def stage(rank: int) -> None:
+    def stage(rank: int) -> dict:
         node = nodes[rank]
-        try:
-            with orch.connect(node) as c:
-                work = host.workdir(c)
-                if spec.data.startswith("hf://"):
-                    from orchestrator.hub import parse_hf
+        with orch.connect(node) as c:
+            work = host.workdir(c)
+            if spec.data.startswith("hf://"):
+                from orchestrator.hub import parse_hf
 
-                    train.ensure_hub_client(c)
-                    repo_id, filename = parse_hf(spec.data)
-                    data_yaml = train.stage_hf(c, repo_id, filename, training.hub_env(), limits)
-                else:
-                    data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: None,
-                                                limits=limits)
-                run = orch.ledger.latest_run(node.id) if spec.resume else None
-                if run is None:
-                    run = orch.ledger.add_run(instance_id=node.id, model=spec.model, data=spec.data,
-                                              data_bytes=spec.data_bytes, epochs=spec.epochs,
-                                              gpu_name=node.gpu_name, state="starting")
-                name, project = f"r{run.id}", f"{work}/runs"
-                if spec.resume:
-                    training._ensure_checkpoint(orch, node, c, f"{project}/{name}", spec.epochs)
-                if spec.push_to:
-                    train.ensure_hub_client(c)
-                staged[rank] = {"run": run, "data_yaml": data_yaml, "project": project, "name": name}
-        except BaseException as e:  # noqa: BLE001 - gathered: the group launches on every node or none
-            errors.append((rank, e))
+                train.ensure_hub_client(c)
+                repo_id, filename = parse_hf(spec.data)
+                data_yaml = train.stage_hf(c, repo_id, filename, training.hub_env(), limits)
+            else:
+                data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: None,
+                                            limits=limits)
+            run = orch.ledger.latest_run(node.id) if spec.resume else None
+            if run is None:
+                run = orch.ledger.add_run(instance_id=node.id, model=spec.model, data=spec.data,
+                                          data_bytes=spec.data_bytes, epochs=spec.epochs,
+                                          gpu_name=node.gpu_name, state="starting")
+            name, project = f"r{run.id}", f"{work}/runs"
+            if spec.resume:
+                training._ensure_checkpoint(orch, node, c, f"{project}/{name}", spec.epochs)
+            if spec.push_to:
+                train.ensure_hub_client(c)
+            return {"run": run, "data_yaml": data_yaml, "project": project, "name": name}
 
     orch.say(f"      staging the data on {size} nodes")
-    _each(size, stage)
-    _raise_first(nodes, errors, "staging")
+    outcomes = par.each(stage, list(range(size)), size)  # the group launches on every node or none
+    _raise_first(nodes, outcomes, "staging")
+    staged = [s for s, _ in outcomes]
     with orch.connect(head) as c:
         master = head.private_ip or head.ssh_host
         port = train.free_port(c, master)
-    pids: dict[int, int] = {}
-
-    def start(rank: int) -> None:
+    def start(rank: int) -> int:
         node, s = nodes[rank], staged[rank]
         keys = training.train_keys(spec, s["data_yaml"], s["project"], s["name"], per_node, node.cpu_only)
         if node.cpu_only:
@@ -95,23 +89,21 @@ def launch(orch, nodes: list, spec) -> Any:
         env = groups.env(nodes, rank, 0 if node.cpu_only else per_node)
         if spec.push_to and rank == 0:
             env.update(training.hub_env())
-        try:
-            with orch.connect(node) as c:
-                kill_point("before-train")
-                pids[rank] = train.start(c, entry, env, launcher=launcher)
-            public = {k: v for k, v in keys.items() if k != "data"}
-            public.update(orch_nodes=size, orch_world_size=size * per_node, orch_node_rank=rank)
-            orch.ledger.update_run(s["run"].id, run_dir=f"{s['project']}/{s['name']}", pid=pids[rank],
-                                   state="running", args=json.dumps(public, sort_keys=True), ended_at=None)
-            orch.ledger.note(node.id, f"training {'resumed' if spec.resume else 'started'} as node {rank} of {size} "
-                                      f"under torchrun (rendezvous {master}:{port}), pid {pids[rank]}", orch.actor)
-        except BaseException as e:  # noqa: BLE001 - gathered, then the caller gives the group back
-            errors.append((rank, e))
+        with orch.connect(node) as c:
+            kill_point("before-train")
+            pid = train.start(c, entry, env, launcher=launcher)
+        public = {k: v for k, v in keys.items() if k != "data"}
+        public.update(orch_nodes=size, orch_world_size=size * per_node, orch_node_rank=rank)
+        orch.ledger.update_run(s["run"].id, run_dir=f"{s['project']}/{s['name']}", pid=pid,
+                               state="running", args=json.dumps(public, sort_keys=True), ended_at=None)
+        orch.ledger.note(node.id, f"training {'resumed' if spec.resume else 'started'} as node {rank} of {size} "
+                                  f"under torchrun (rendezvous {master}:{port}), pid {pid}", orch.actor)
+        return pid
 
-    _each(size, start)
-    if errors:
+    outcomes = par.each(start, list(range(size)), size)  # gathered, then the caller gives the group back
+    if any(e is not None for _, e in outcomes):
         stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
-    _raise_first(nodes, errors, "starting the training")
+    _raise_first(nodes, outcomes, "starting the training")
     run = orch.ledger.latest_run(head.id)
     orch.say(f"      training {spec.model} for {spec.epochs} epochs on {size} nodes x {per_node} "
              f"(world size {size * per_node}), rendezvous {master}:{port}; rank 0 writes {run.run_dir}")
@@ -124,32 +116,21 @@ def stop(orch, nodes: list) -> list[str]:
     from orchestrator import states
     from playbooks import train
 
-    problems: list[str] = []
-
-    def end(rank: int) -> None:
-        node = orch.ledger.get(nodes[rank].id)
+    def end(node) -> None:
+        node = orch.ledger.get(node.id)
         run = orch.ledger.latest_run(node.id)
         if node.state != states.READY or run is None or not run.pid:
             return
-        try:
-            with orch.connect(node) as c:
-                train.stop_training(c, run.pid)
-        except (OrchError, OSError) as e:
-            problems.append(f"{node.name}: {_why(e)}")
+        with orch.connect(node) as c:
+            train.stop_training(c, run.pid)
 
-    _each(len(nodes), end)
-    return problems
+    return [f"{node.name}: {_why(e)}" for node, (_, e) in zip(nodes, par.each(end, nodes, len(nodes)))
+            if e is not None]
 
 
-def _each(n: int, fn) -> None:
-    threads = [threading.Thread(target=fn, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def _raise_first(nodes: list, errors: list, what: str) -> None:
+def _raise_first(nodes: list, outcomes: list, what: str) -> None:
+    """The lowest rank's failure among ``parallel.each``'s outcomes, raised as the group's."""
+    errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
     if not errors:
         return
     rank, error = min(errors, key=lambda x: x[0])

@@ -20,11 +20,11 @@ order. Every node finds the same variables in its environment (``nodes.node_env`
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from typing import Callable
 
 from orchestrator import claims, states
+from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.ledger import Instance, new_id
 from orchestrator.provider import Request
@@ -77,7 +77,7 @@ def members(ledger, inst: Instance) -> list[Instance]:
         return [inst]
     from sqlmodel import select
 
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         rows = list(s.exec(select(Instance).where(Instance.group_id == inst.group_id)))
     return sorted(rows, key=lambda i: (i.node_rank or 0, i.created_at))
 
@@ -86,7 +86,7 @@ def live(ledger, name: str) -> list[Instance]:
     """The live nodes of the newest group named ``name``, rank order; [] when none lives."""
     from sqlmodel import select
 
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         rows = list(s.exec(select(Instance).where(Instance.group_name == name, Instance.state.in_(states.LIVE))
                            .order_by(Instance.created_at.desc())))
     if not rows:
@@ -138,26 +138,17 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
         _free(orch, name, nodes)
         group = new_id()
         provider.open_group(group, request)
-        made: list[Instance | None] = [None] * nodes
-        errors: list[tuple[int, BaseException]] = []
 
-        def bring(rank: int) -> None:
+        def bring(rank: int) -> Instance:
             node = node_name(name, rank)
             mine = replace(orch, say=lambda m, node=node: orch.say(f"[{node}] {m}"))
             req = replace(request, name=node, group=group, node_rank=rank, nodes=nodes)
-            try:
-                made[rank] = mine.up(node, provider_name, req, ssh_timeout=ssh_timeout, policy=policy,
-                                     group={"group_id": group, "group_name": name, "node_rank": rank,
-                                            "group_size": nodes})
-            except BaseException as e:  # noqa: BLE001 - every node's outcome is gathered, then judged
-                errors.append((rank, e))
+            return mine.up(node, provider_name, req, ssh_timeout=ssh_timeout, policy=policy,
+                           group={"group_id": group, "group_name": name, "node_rank": rank, "group_size": nodes})
 
-        threads = [threading.Thread(target=bring, args=(r,), name=f"orch-up-{name}-{r}", daemon=True)
-                   for r in range(nodes)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        # Every node at once, every outcome gathered, then judged.
+        outcomes = par.each(bring, list(range(nodes)), nodes)
+        errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
         if errors:
             rank, error = min(errors, key=lambda x: x[0])
             _give_back(orch, group, f"node {rank} of {nodes} could not be had: {_why(error)}")
@@ -165,7 +156,7 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
                 raise error
             raise OrchError(f"group {name}: node {rank} of {nodes} ({node_name(name, rank)}) could not be had "
                             f"({_why(error)}); the other nodes were destroyed: nothing of the group bills")
-        ready = [orch.ledger.get(i.id) for i in made]
+        ready = [orch.ledger.get(i.id) for i, _ in outcomes]
         if launch is not None:
             try:
                 launch(ready)
@@ -197,7 +188,7 @@ def _give_back(orch, group: str, reason: str) -> None:
 def _by_id(ledger, group: str) -> list[Instance]:
     from sqlmodel import select
 
-    with ledger.session() as s:
+    with ledger.session(write=False) as s:
         return sorted(s.exec(select(Instance).where(Instance.group_id == group)), key=lambda i: i.node_rank or 0)
 
 
@@ -205,19 +196,9 @@ def down(orch, nodes: list[Instance], reason: str) -> list[Instance]:
     """Destroy every node at once; then what the provider made for the group. Raises when a node
     could not be destroyed (after trying them all: the others are gone)."""
     live_nodes = [n for n in nodes if orch.ledger.get(n.id).state in states.LIVE]
-    errors: list[tuple[Instance, BaseException]] = []
-
-    def end(node: Instance) -> None:
-        try:
-            orch.down(orch.ledger.get(node.id), reason)
-        except BaseException as e:  # noqa: BLE001 - gathered: every other node is still destroyed
-            errors.append((node, e))
-
-    threads = [threading.Thread(target=end, args=(n,), daemon=True) for n in live_nodes]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Gathered: a node that could not be destroyed stops none of the others.
+    outcomes = par.each(lambda node: orch.down(orch.ledger.get(node.id), reason), live_nodes, len(live_nodes))
+    errors = [(node, e) for node, (_, e) in zip(live_nodes, outcomes) if e is not None]
     if errors:
         node, error = errors[0]
         raise OrchError(f"could not destroy {node.name} ({_why(error)}): it may bill; `orch down "

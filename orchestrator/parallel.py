@@ -15,15 +15,16 @@ DEFAULT_BOUND = 8  # `reaper_parallel` in config.toml, `orch reap --parallel`
 MAX_BOUND = 256
 
 
-def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[Any, Exception | None]]:
+def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[Any, BaseException | None]]:
     """``fn(item)`` for every item, at most ``bound`` at a time; in the items' order, ``(result,
-    None)`` or ``(None, the exception)``: one item's failure is its own."""
-    results: list[tuple[Any, Exception | None]] = [(None, None)] * len(items)
+    None)`` or ``(None, the exception)``: one item's failure is its own, whatever it raised (a
+    thread cannot raise to its caller: the caller judges what comes back)."""
+    results: list[tuple[Any, BaseException | None]] = [(None, None)] * len(items)
 
     def call(k: int) -> None:
         try:
             results[k] = (fn(items[k]), None)
-        except Exception as e:  # noqa: BLE001 - handed back with its item
+        except BaseException as e:  # noqa: BLE001 - handed back with its item
             results[k] = (None, e)
 
     if bound <= 1 or len(items) <= 1:
