@@ -3,6 +3,7 @@
 Two readers need this and cannot use ``ledger``: the ssh-config listener, which the ledger itself
 calls after each transition (through ``plugins``: importing the ledger from there would be a
 cycle), and shell completion, which answers on every Tab and must not import SQLAlchemy (0.2 s).
+``reconcile`` reads the fleet's ids and labels here too: 10,000 ORM objects cost seconds a pass.
 A SQLite ledger is read with the standard library, read-only, creating nothing; any other
 database through SQLAlchemy Core. Only columns every schema revision has are read.
 """
@@ -15,7 +16,8 @@ from urllib.parse import quote
 
 from orchestrator import config, states
 
-COLUMNS = frozenset({"name", "state", "provider", "ssh_host", "ssh_port", "ssh_user", "host_key", "created_at"})
+COLUMNS = frozenset({"id", "name", "state", "provider", "provider_id", "label", "ssh_host", "ssh_port", "ssh_user",
+                     "host_key", "created_at"})
 _LIVE = ", ".join(f"'{s}'" for s in sorted(states.LIVE))  # our own constants, never user input
 
 

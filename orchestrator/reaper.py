@@ -199,16 +199,16 @@ def _reconcile(orch) -> list[Outcome]:
     Returns the pass's outcomes for the rows it ended (what it adopted, the pass looks at next)."""
     from orchestrator import reconcile
 
-    before = snapshot.read(orch.ledger, live_only=True).instances  # plain rows: one query
+    before = [r["id"] for r in ledger_rows.live(("id",), orch.ledger.url)]  # plain rows: one query
     try:
         report = reconcile.reconcile(orch, unsettled_only=True)  # the pass syncs every other row
     except Exception as e:  # noqa: BLE001 - the pass goes on: reconcile's trouble is no reason to stop reaping
         orch.say(f"reconcile failed: {_why(e)}")
         return []
     ended = []
-    still = {i.id for i in snapshot.read(orch.ledger, live_only=True).instances}
-    for inst in before:
-        now = orch.ledger.get(inst.id) if inst.id not in still else None
+    still = {r["id"] for r in ledger_rows.live(("id",), orch.ledger.url)}
+    for iid in before:
+        now = orch.ledger.get(iid) if iid not in still else None
         if now is not None and now.state not in states.LIVE:
             ended.append(Outcome(now.name, now.provider, now.state, "gone", orch.ledger.events(now.id)[-1].reason,
                                  instance_id=now.id))
