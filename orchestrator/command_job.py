@@ -21,7 +21,6 @@ import json
 import posixpath
 import re
 import shutil
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,14 +30,6 @@ from orchestrator.text import clean
 
 MAX_FILE = 1 << 40
 PULL_WAIT_S = 120.0
-
-
-def to_dict(cmd: CommandSpec) -> dict:
-    return asdict(cmd)
-
-
-def from_dict(d: dict) -> CommandSpec:
-    return CommandSpec(**d)
 
 
 def prepare(cmd: CommandSpec, home: Path, say) -> CommandSpec:

@@ -195,8 +195,9 @@ class JobSpec:
             train["local_tar"] = str(self.train.local_tar) if self.train.local_tar else None
         req = asdict(self.request)
         req.pop("env", None)  # never stored: nothing secret in the ledger
-        extra = {"command": asdict(self.command), "max_price": self.max_price} if self.command is not None else \
-            ({"max_price": self.max_price} if self.max_price is not None else {})
+        extra = {"command": asdict(self.command), "max_price": self.max_price} if self.command is not None else {}
+        if self.max_price is not None:
+            extra["max_price"] = self.max_price
         return json.dumps({"train": train, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
                            "nodes": self.nodes, **extra},
@@ -363,7 +364,7 @@ def _relaunches(attempts) -> int:
 def _end_attempt(orch, attempt, state: str, reason: str):
     fields = {"state": state, "reason": reason[:2000], "ended_at": _now()}
     if attempt.run_id is not None:
-        run = orch.ledger.update_run(attempt.run_id)
+        run = orch.ledger.get_run(attempt.run_id)
         started = _utc(run.started_at) if run else None
         end = _utc(run.ended_at) if run and run.ended_at and state == DONE else _now()
         if started:
@@ -476,12 +477,13 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         from orchestrator import group_jobs
 
         marks["ready"] = time.monotonic()
-        price = sum(n.price_hr or 0.0 for n in group_jobs.nodes_of(orch, inst))  # every node of a group
+        nodes = group_jobs.nodes_of(orch, inst)
+        price = sum(n.price_hr or 0.0 for n in nodes)  # every node of a group
         marks["price"] = price
         orch.ledger.update_attempt(attempt.id, instance_id=inst.id, price_hr=price)
         pol = attempt_policy(orch, job, js, price)
         inst.policy = pol  # the watchdog is armed from this very row right after this call
-        for node in group_jobs.nodes_of(orch, inst):
+        for node in nodes:
             orch.ledger.update(node.id, policy=pol)
         if js.command is not None:  # the command kind: its workdir and checkpoint folder, then its run
             from orchestrator import command_job
@@ -499,7 +501,7 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         if js.nodes > 1:
             from orchestrator import group_training
 
-            marks["run"] = group_training.launch(orch, group_jobs.nodes_of(orch, inst), spec)
+            marks["run"] = group_training.launch(orch, nodes, spec)
         else:
             marks["run"] = training.launch(orch, inst, spec)
 
@@ -651,8 +653,9 @@ def relaunch(orch, job, js: JobSpec | None = None):
         done = job.checkpoint_epoch or 0
         if js.train is not None and done >= js.train.epochs:
             return _complete_from_copies(orch, job, js)
-        if js.command is not None and _missing_secrets(js):  # nothing rented that could not be started
-            why = (f"waiting for an orch process with {', '.join(_missing_secrets(js))} in its environment "
+        missing = _missing_secrets(js) if js.command is not None else []
+        if missing:  # nothing rented that could not be started
+            why = (f"waiting for an orch process with {', '.join(missing)} in its environment "
                    f"(`orch jobs show {job.name}` where it is set relaunches it)")
             return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
         avoid = {(_loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
@@ -1231,7 +1234,7 @@ def _command_view(orch, job, command: dict, current) -> dict:
     """What a command job adds to ``job_dict``: its command, its run's state, exit code and elapsed time."""
     from orchestrator import command_job
 
-    run = orch.ledger.update_run(current.run_id) if current is not None and current.run_id else None  # a read
+    run = orch.ledger.get_run(current.run_id) if current is not None and current.run_id else None
     code, phase = command_job.recorded_exit(run)
     elapsed = None
     if run is not None:

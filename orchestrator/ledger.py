@@ -395,6 +395,10 @@ class Ledger:
                 s.commit()
             return s.get(Run, run_id)
 
+    def get_run(self, run_id: int) -> Run | None:
+        with self.session(write=False) as s:
+            return s.get(Run, run_id)
+
     def latest_run(self, instance_id: str) -> Run | None:
         with self.session(write=False) as s:
             return s.exec(select(Run).where(Run.instance_id == instance_id)

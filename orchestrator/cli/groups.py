@@ -40,7 +40,7 @@ def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_ti
         view = training.follow(orch, made[0], run)
         got, where = training.pull(orch, made[0], run, view=view)
         say(f"      weights and run files of rank 0 in {where}")
-        run = orch.ledger.update_run(run.id)
+        run = orch.ledger.get_run(run.id)
     show(orch, name, made, as_json, run=run)
 
 
@@ -110,7 +110,7 @@ def _run_view(orch, head, run) -> dict:
     except OrchError as e:
         say(f"orch: warning: could not read the run on {head.name}: {e}")
         return run_dict(run)
-    return run_dict(orch.ledger.update_run(run.id), view)
+    return run_dict(orch.ledger.get_run(run.id), view)
 
 
 def down(orch, name: str, no_pull: bool) -> bool:

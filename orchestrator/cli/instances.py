@@ -229,7 +229,7 @@ def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
     if view:
         got, where = training.pull(orch, inst, run, view=view)
         say(f"      weights and run files in {where}")
-    _summary(inst, as_json, run=orch.ledger.update_run(run.id), view=view)
+    _summary(inst, as_json, run=orch.ledger.get_run(run.id), view=view)
 
 
 def _summary(inst, as_json: bool, run=None, view=None) -> None:
@@ -347,7 +347,7 @@ def _run_view(orch, inst, run) -> dict:
             say(f"pulled {', '.join(got)} to {where}")
     except OrchError as e:
         say(f"orch: warning: could not pull the milestones of {inst.name}: {e}")
-    return run_dict(orch.ledger.update_run(run.id), view)
+    return run_dict(orch.ledger.get_run(run.id), view)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
