@@ -30,6 +30,8 @@ caught mid-write is torn. While an attempt trains, each look whose epoch moved c
 and ``metrics.jsonl`` aside on the instance, loads the copy there (``checkpoint.py``) and pulls
 it, verified, into ``$ORCH_HOME/jobs/NAME/ckpt-E`` (E its epoch): the job's resume copy, intact by
 construction. A copy whose metrics lag its epoch is not kept (the rows would be missing).
+(``resume_copy`` takes and stages it; ``job_record`` holds the folders and history lines;
+``job_views`` what ``orch jobs`` shows.)
 
 **Loss** (the instance preempted, lost, broken, destroyed by someone else, stopped mid-training,
 unreachable past ``job_unreachable_minutes``, or the training crashed): the reason is recorded;
@@ -50,15 +52,16 @@ weights are, its cost, its attempts, and how long each phase took.
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from orchestrator import checkpoints, claims, states
+from orchestrator import checkpoints, claims, resume_copy, states
+from orchestrator import job_record as record
+from orchestrator.job_record import checkpoint_dir, job_dir, note, weights_dir
 from orchestrator.errors import HostKeyMismatch, NoCapacity, OrchError, SSHError, UsageError
 from orchestrator.provider import Request
 from orchestrator.text import clean
@@ -79,18 +82,7 @@ MAX_GROUP_JOB_NAME = 33  # a group attempt's nodes are NAME-aK-R: 40 characters 
 UNREACHABLE_MINUTES = 10.0  # job_unreachable_minutes in config.toml
 REAPER_EVERY_S = 300.0  # the reaper's interval when no schedule is installed (`orch reaper install`'s default)
 IDLE_PASSES = 3  # a job's instance idles at least this many reaper intervals before it may be ended
-HISTORY = 50
 ACTOR_NOTE = "job"
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _utc(dt: datetime | None) -> datetime | None:
-    if dt is None:
-        return None
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
 # -- names and folders ---------------------------------------------------------------------------
@@ -107,18 +99,6 @@ def attempt_name(job_name: str, number: int) -> str:
     return f"{job_name}-a{number}"
 
 
-def weights_dir(home: Path, name: str) -> Path:
-    return Path(home) / "runs" / name
-
-
-def job_dir(home: Path, name: str) -> Path:
-    return Path(home) / "jobs" / name
-
-
-def checkpoint_dir(home: Path, name: str, epoch: int) -> Path:
-    return job_dir(home, name) / f"ckpt-{epoch}"
-
-
 def _link_runs(home: Path, job_name: str, instance_name: str) -> None:
     """runs/NAME-aK -> runs/NAME, so whoever pulls the attempt's run pulls into the job's folder.
     A real folder already there (an unrelated instance of that name) is left alone: the job's own
@@ -128,48 +108,6 @@ def _link_runs(home: Path, job_name: str, instance_name: str) -> None:
     link = runs / instance_name
     if not link.exists() and not link.is_symlink():
         link.symlink_to(job_name)
-
-
-def metrics_epochs(path: Path, limit: int = 64 << 20) -> list[int]:
-    """The epochs a pulled metrics.jsonl has rows for (it came from an instance: bad lines are skipped)."""
-    found = []
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit)
-    except OSError:
-        return []
-    for line in data.splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        epoch = row.get("epoch") if isinstance(row, dict) else None
-        if isinstance(epoch, int) and not isinstance(epoch, bool) and 0 < epoch <= 100_000:
-            found.append(epoch)
-    return found
-
-
-def pulled_epoch(folder: Path) -> int | None:
-    """The last epoch a pulled run folder says was trained, from its metrics.jsonl and status.json
-    (no torch needed). ``orch up --resume`` and ``orch run --resume`` refuse up front to resume a run
-    already at --epochs; the checkpoint itself is checked again on the instance."""
-    folder = Path(folder)
-    found = metrics_epochs(folder / "metrics.jsonl")
-    try:
-        st = json.loads((folder / "status.json").read_text()[:1 << 20])
-    except (OSError, ValueError, RecursionError):
-        st = None
-    if isinstance(st, dict):
-        def num(key):
-            v = st.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 100_000 else None
-
-        current, completed, start = num("current_epoch"), num("completed_epochs"), num("start_epoch")
-        if current:
-            found.append(current)
-        elif completed:  # a finished (maybe resumed) run counts its last session from start_epoch
-            found.append((start or 1) - 1 + completed if st.get("state") == "completed" else completed)
-    return max(found) if found else None
 
 
 # -- the spec: everything a relaunch needs, from any orch process ------------------------------
@@ -306,38 +244,6 @@ def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> No
 
 
 # -- the ledger side ---------------------------------------------------------------------------
-def _loads(text: str | None, default):
-    try:
-        value = json.loads(text) if text else default
-    except (ValueError, RecursionError):
-        return default
-    return value if isinstance(value, type(default)) else default
-
-
-def note(orch, job, text: str, say: bool = True):
-    """One line of the job's history (the last HISTORY are kept), said to whoever is watching."""
-    history = _loads(job.history, [])
-    history = (history + [{"at": _now().isoformat(timespec="seconds"), "text": text}])[-HISTORY:]
-    if say:
-        orch.say(f"job {job.name}: {text}")
-    return orch.ledger.update_job(job.id, history=json.dumps(history))
-
-
-def _add_phase(phases: dict, key: str, seconds: float | None) -> dict:
-    if seconds is not None and seconds >= 0:
-        phases[key] = round(phases.get(key, 0.0) + seconds, 3)
-    return phases
-
-
-def _job_phase(orch, job, key: str, seconds: float | None):
-    return orch.ledger.update_job(job.id, phases=json.dumps(_add_phase(_loads(job.phases, {}), key, seconds)))
-
-
-def _attempt_phase(orch, attempt, key: str, seconds: float | None):
-    return orch.ledger.update_attempt(attempt.id, phases=json.dumps(_add_phase(_loads(attempt.phases, {}), key,
-                                                                                seconds)))
-
-
 def cost(orch, job) -> float:
     """What every attempt's instance cost (running and stopped, at the price paid), until now."""
     from orchestrator import group_jobs
@@ -362,19 +268,19 @@ def _relaunches(attempts) -> int:
 
 
 def _end_attempt(orch, attempt, state: str, reason: str):
-    fields = {"state": state, "reason": reason[:2000], "ended_at": _now()}
+    fields = {"state": state, "reason": reason[:2000], "ended_at": record.now()}
     if attempt.run_id is not None:
         run = orch.ledger.get_run(attempt.run_id)
-        started = _utc(run.started_at) if run else None
-        end = _utc(run.ended_at) if run and run.ended_at and state == DONE else _now()
+        started = record.utc(run.started_at) if run else None
+        end = record.utc(run.ended_at) if run and run.ended_at and state == DONE else record.now()
         if started:
-            phases = _add_phase(_loads(attempt.phases, {}), "train", (end - started).total_seconds())
+            phases = record.add_phase(record.loads(attempt.phases, {}), "train", (end - started).total_seconds())
             fields["phases"] = json.dumps(phases)
     return orch.ledger.update_attempt(attempt.id, **fields)
 
 
 def _finish_job(orch, job, state: str, reason: str, **fields):
-    job = orch.ledger.update_job(job.id, expect=ACTIVE, state=state, reason=reason[:2000], ended_at=_now(),
+    job = orch.ledger.update_job(job.id, expect=ACTIVE, state=state, reason=reason[:2000], ended_at=record.now(),
                                  cost_usd=cost(orch, job), **fields)
     if state in (COMPLETED, FAILED):  # what a user waits to hear about, with the laptop closed
         from orchestrator import notify
@@ -399,7 +305,7 @@ def deadline_hours(orch, job, price_hr: float | None) -> float | None:
     pays for at ``price_hr``. None: no cap. At or below zero: the job must stop."""
     left = []
     if job.max_hours:
-        left.append((_utc(job.created_at) + timedelta(hours=job.max_hours) - _now()).total_seconds() / 3600)
+        left.append((record.utc(job.created_at) + timedelta(hours=job.max_hours) - record.now()).total_seconds() / 3600)
     if job.max_cost is not None and price_hr:
         left.append((job.max_cost - cost(orch, job)) / price_hr)
     return min(left) if left else None
@@ -420,7 +326,7 @@ def _over_cap(orch, job, inst=None) -> str | None:
         if spent + ahead >= job.max_cost:
             return (f"--max-cost ${job.max_cost:g} reached (${spent:.4f} spent"
                     + (f", ${ahead:.4f} more before the next look" if ahead else "") + ")")
-    if job.max_hours and _now() >= _utc(job.created_at) + timedelta(hours=job.max_hours):
+    if job.max_hours and record.now() >= record.utc(job.created_at) + timedelta(hours=job.max_hours):
         return f"--max-hours {job.max_hours:g} reached"
     return None
 
@@ -429,7 +335,7 @@ def attempt_policy(orch, job, js: JobSpec, price_hr: float | None) -> str:
     """The base policy, with the idle floor (see the module's docstring) and the job's deadline."""
     from orchestrator import policy as policies
 
-    base = policies.Policy(**_loads(js.policy, {}))
+    base = policies.Policy(**record.loads(js.policy, {}))
     hours = deadline_hours(orch, job, price_hr)
     if hours is not None and hours <= 0:
         raise _CapReached(_over_cap(orch, job) or "no money or time left for another attempt")
@@ -447,7 +353,7 @@ def create(orch, name: str, js: JobSpec, choice: Choice, max_cost: float | None,
                                  retries=retries, keep=keep, phases=json.dumps({"plan": round(plan_seconds, 3)}),
                                  nodes=js.nodes)
     if resume_from is not None:
-        epoch = pulled_epoch(resume_from) or 0
+        epoch = resume_copy.pulled_epoch(resume_from) or 0
         dest = checkpoint_dir(orch.home, name, epoch)
         shutil.rmtree(dest, ignore_errors=True)
         (dest / "weights").mkdir(parents=True)
@@ -495,7 +401,7 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
             return
         spec = _prepared(orch, js)
         ckpt = orch.ledger.get_job(job.id).checkpoint_epoch
-        marks["start"] = _stage_resume(orch, job, inst, spec, ckpt) if ckpt is not None else None
+        marks["start"] = resume_copy.stage(orch, job, inst, spec, ckpt) if ckpt is not None else None
         if marks["start"] is not None:
             spec = replace(spec, resume=True)
         if js.nodes > 1:
@@ -519,21 +425,21 @@ def launch(orch, job, js: JobSpec, choice: Choice, number: int):
         from orchestrator import groups
 
         made = orch.ledger.by_name(groups.node_name(name, 0) if js.nodes > 1 else name, live_only=False)
-        linked = made.id if made is not None and _utc(made.created_at) >= _utc(attempt.started_at) - \
+        linked = made.id if made is not None and record.utc(made.created_at) >= record.utc(attempt.started_at) - \
             timedelta(seconds=5) else None
         interrupted = isinstance(e, KeyboardInterrupt)
         orch.ledger.update_attempt(attempt.id, state=INTERRUPTED if interrupted else LAUNCH_FAILED,
-                                   reason=f"launch failed: {_why(e)}", ended_at=_now(), instance_id=linked)
+                                   reason=f"launch failed: {_why(e)}", ended_at=record.now(), instance_id=linked)
         raise
     run = marks["run"]
     start = marks.get("start")
     now = time.monotonic()
     phases = {"provision": round(marks["ready"] - t0, 3), "stage": round(now - marks["ready"], 3)}
     job = orch.ledger.get_job(job.id)
-    lost_at = _loads(job.phases, {}).pop("lost_at", None)
+    lost_at = record.loads(job.phases, {}).pop("lost_at", None)
     if lost_at:
-        phases["recover"] = round((_now() - datetime.fromisoformat(lost_at)).total_seconds(), 3)
-        job = orch.ledger.update_job(job.id, phases=json.dumps({k: v for k, v in _loads(job.phases, {}).items()
+        phases["recover"] = round((record.now() - datetime.fromisoformat(lost_at)).total_seconds(), 3)
+        job = orch.ledger.update_job(job.id, phases=json.dumps({k: v for k, v in record.loads(job.phases, {}).items()
                                                                 if k != "lost_at"}))
     resumed = f"resumed from the job's verified copy of last.pt (epoch {start})" if start is not None else \
         "started at epoch 1"
@@ -556,82 +462,6 @@ def _prepared(orch, js: JobSpec):
     if spec.data.startswith("hf://") or (spec.local_tar and spec.local_tar.is_file()):
         return spec
     return training.prepare(spec, orch.home, orch.say)
-
-
-def _trimmed_metrics(path: Path, epoch: int) -> str:
-    """metrics.jsonl rows up to ``epoch``: the resumed run appends from ``epoch + 1``."""
-    try:
-        lines = path.read_bytes().decode(errors="replace").splitlines()
-    except OSError:
-        return ""
-    kept = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        e = row.get("epoch") if isinstance(row, dict) else None
-        if isinstance(e, int) and not isinstance(e, bool) and 0 < e <= epoch:
-            kept.append(json.dumps(row))
-    return "".join(k + "\n" for k in kept)
-
-
-def _stage_resume(orch, job, inst, spec, ckpt_epoch: int) -> int | None:
-    """Put the job's resume copy into the new instance's next run folder; returns the epoch it
-    holds, or None when it does not load there (the attempt then starts over: a torn checkpoint is
-    never resumed from). Refuses (UsageError) a copy that already reached --epochs."""
-    from orchestrator import group_jobs
-
-    src = checkpoint_dir(orch.home, job.name, ckpt_epoch)
-
-    def drop(why: str) -> None:
-        """A copy that cannot be resumed from is no copy: forgotten, so the next milestone
-        (from epoch 1 again) makes a new one and a later loss does not try it again."""
-        shutil.rmtree(src, ignore_errors=True)
-        note(orch, orch.ledger.update_job(job.id, checkpoint_epoch=None), why)
-
-    if not (src / "weights" / "last.pt").is_file():
-        drop(f"the resume copy {src} is missing: attempt starts over at epoch 1")
-        return None
-    _, unsafe = checkpoints.vet(src / "weights" / "last.pt")  # checked here again before it goes anywhere
-    if unsafe:
-        drop(f"the resume copy (epoch {ckpt_epoch}) is not uploaded: {unsafe}; attempt starts over at epoch 1")
-        return None
-    staged = None
-    for node in group_jobs.nodes_of(orch, inst):  # a group resumes from last.pt on EVERY node
-        staged = _stage_resume_on(orch, node, spec, src, ckpt_epoch, drop)
-        if staged is None:
-            return None
-    return staged
-
-
-def _stage_resume_on(orch, inst, spec, src: Path, ckpt_epoch: int, drop) -> int | None:
-    from orchestrator import remote
-    from playbooks import host
-
-    q = shlex.quote
-    with orch.connect(inst) as c:
-        work = host.workdir(c)
-        inbox = f"{work}/job-resume-in"
-        remote.run(c, f"rm -rf {q(inbox)} && mkdir -p {q(inbox + '/weights')}")
-        c.sftp().put(str(src / "weights" / "last.pt"), f"{inbox}/weights/last.pt")
-        info = host.script(c, "checkpoint.py", f"{inbox}/weights/last.pt")
-        if not info.get("loads"):
-            drop(f"the resume copy (epoch {ckpt_epoch}) does not load on {inst.name} "
-                 f"({clean(info.get('error'), 200)}): torn, not resumed from; attempt starts over at epoch 1")
-            return None
-        epoch = info.get("epoch")
-        if not isinstance(epoch, int) or isinstance(epoch, bool):
-            epoch = ckpt_epoch
-        if epoch >= spec.epochs:
-            raise UsageError(f"the resume copy already reached epoch {epoch} of {spec.epochs}")
-        run = orch.ledger.add_run(instance_id=inst.id, model=spec.model, data=spec.data, data_bytes=spec.data_bytes,
-                                  epochs=spec.epochs, gpu_name=inst.gpu_name, state="starting")
-        run_dir = f"{work}/runs/r{run.id}"
-        remote.put_text(c, _trimmed_metrics(src / "metrics.jsonl", epoch), f"{inbox}/metrics.jsonl", 0o644)
-        remote.run(c, f"mkdir -p {q(run_dir)} && mv {q(inbox + '/weights')} {q(run_dir + '/weights')} && "
-                      f"mv {q(inbox + '/metrics.jsonl')} {q(run_dir + '/metrics.jsonl')}")
-    return epoch
 
 
 def relaunch(orch, job, js: JobSpec | None = None):
@@ -658,17 +488,17 @@ def relaunch(orch, job, js: JobSpec | None = None):
             why = (f"waiting for an orch process with {', '.join(missing)} in its environment "
                    f"(`orch jobs show {job.name}` where it is set relaunches it)")
             return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
-        avoid = {(_loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
+        avoid = {(record.loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
         t0 = time.monotonic()
         try:
             choice = plan(orch, js, js.train.epochs - done if js.train else None, avoid)
         except UsageError as e:
             return _finish_job(orch, job, FAILED, f"cannot plan: {_why(e)}")
         except OrchError as e:  # no capacity, providers failing: the next look asks again
-            job = _job_phase(orch, job, "plan", time.monotonic() - t0)
+            job = record.job_phase(orch, job, "plan", time.monotonic() - t0)
             job = orch.ledger.update_job(job.id, reason=f"waiting for an offer: {_why(e)}")
             return note(orch, job, f"no offer to relaunch on now ({_why(e)}): the next look asks again")
-        job = _job_phase(orch, job, "plan", time.monotonic() - t0)
+        job = record.job_phase(orch, job, "plan", time.monotonic() - t0)
         try:
             check_plan(choice, job.max_cost, cost(orch, job))
         except UsageError as e:
@@ -749,7 +579,7 @@ def _advance(orch, job):
     if attempt is None or attempt.state in (LAUNCH_FAILED, INTERRUPTED, LOST):
         return relaunch(orch, job, js)
     if attempt.state == LAUNCHING:  # its process died mid-launch: we hold the job's claim now
-        attempt = orch.ledger.update_attempt(attempt.id, state=INTERRUPTED, ended_at=_now(),
+        attempt = orch.ledger.update_attempt(attempt.id, state=INTERRUPTED, ended_at=record.now(),
                                              reason="the orch process launching it ended before it trained")
         from orchestrator import groups
 
@@ -790,7 +620,7 @@ def _advance(orch, job):
 def _pulled_after_end(run) -> bool:
     from orchestrator import rules
 
-    return run.ended_at is not None and rules.weights_safe(run, None, _now())
+    return run.ended_at is not None and rules.weights_safe(run, None, record.now())
 
 
 def _look(orch, job, js: JobSpec, attempt, inst, run):
@@ -806,11 +636,11 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     except HostKeyMismatch as e:
         return _lost(orch, job, js, attempt, inst, run, f"its host key changed ({_why(e)}): not trusted")
     except SSHError as e:
-        since = _utc(attempt.unreachable_since) or _now()
+        since = record.utc(attempt.unreachable_since) or record.now()
         if attempt.unreachable_since is None:
             orch.ledger.update_attempt(attempt.id, unreachable_since=since)
         bound = float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES))
-        away = (_now() - since).total_seconds() / 60
+        away = (record.now() - since).total_seconds() / 60
         if away >= bound:
             return _lost(orch, job, js, attempt, inst, run, f"unreachable for {away:.1f} min ({_why(e)})")
         return orch.ledger.update_job(job.id, reason=f"unreachable for {away:.1f} of {bound:g} min: {_why(e)}")
@@ -858,73 +688,11 @@ def _progress(orch, job, inst, run, view: dict) -> None:
     epoch = view.get("epoch") or 0
     if epoch > (job.checkpoint_epoch or 0):
         try:
-            _, problem = snapshot(orch, job, inst, run)
+            _, problem = resume_copy.take(orch, job, inst, run)
         except OrchError as e:
             problem = _why(e)
         if problem:
             note(orch, orch.ledger.get_job(job.id), f"no resume copy this time: {problem}", say=False)
-
-
-def snapshot(orch, job, inst, run) -> tuple[int | None, str | None]:
-    """Copy last.pt and metrics.jsonl aside on the instance, load the copy there and pull it home
-    verified, as the job's resume copy; (its epoch, None), or (None, why not). Not newer than the
-    copy the job has: (None, None)."""
-    from orchestrator import remote
-    from playbooks import host
-    from playbooks import pull as pulling
-
-    q = shlex.quote
-    with claims.try_hold(orch.ledger, inst.name) as mine:
-        if not mine:
-            return None, None  # another orch process works on the instance: the next look
-        with orch.connect(inst) as c:
-            snap = f"{host.workdir(c)}/job-resume"
-            last, metrics = f"{run.run_dir}/weights/last.pt", f"{run.run_dir}/metrics.jsonl"
-            # last.pt first, metrics.jsonl after: LibreYOLO writes the checkpoint before the epoch's row.
-            out = remote.run(c, f"test -f {q(last)} || {{ echo missing; exit 0; }}; mkdir -p {q(snap + '/weights')} && "
-                                f"cp {q(last)} {q(snap + '/weights/.last.pt')} && "
-                                f"mv -f {q(snap + '/weights/.last.pt')} {q(snap + '/weights/last.pt')} && "
-                                f"{{ cp {q(metrics)} {q(snap + '/.metrics')} 2>/dev/null || : > {q(snap + '/.metrics')}; }} && "
-                                f"mv -f {q(snap + '/.metrics')} {q(snap + '/metrics.jsonl')}")
-            if out.strip() == "missing":
-                return None, f"no last.pt on {inst.name} yet"
-            info = host.script(c, "checkpoint.py", f"{snap}/weights/last.pt")
-            if not info.get("loads"):
-                return None, f"last.pt on {inst.name} does not load ({clean(info.get('error'), 200)}): torn, not kept"
-            epoch = info.get("epoch")
-            if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 < epoch <= 100_000:
-                return None, f"last.pt on {inst.name} holds no epoch"
-            if epoch <= (orch.ledger.get_job(job.id).checkpoint_epoch or 0):
-                return None, None
-            sums = host.script(c, "checksum.py", snap, "weights/last.pt", "metrics.jsonl")
-            files = []
-            for rel in ("weights/last.pt", "metrics.jsonl"):
-                entry = sums.get(rel)
-                listed, _ = pulling.run_files([[rel, entry[0], entry[1]]] if isinstance(entry, list) and len(entry) >= 3
-                                              else [])
-                files += listed
-            if len(files) != 2:
-                return None, "the copy on the instance could not be listed"
-            dest = checkpoint_dir(orch.home, job.name, epoch)
-            shutil.rmtree(dest, ignore_errors=True)  # what an interrupted pull of this epoch left
-            pulling.pull(c, snap, files, dest, log=lambda m: None, strict=True)
-    # The instance's answer is its own: the copy is kept only if the same check says so here.
-    held, why = checkpoints.vet(dest / "weights" / "last.pt")
-    if why is not None or held != epoch:
-        shutil.rmtree(dest, ignore_errors=True)
-        return None, f"the copy of last.pt from {inst.name} is not kept: " + (why or f"it holds epoch {held} here, "
-                                                                                      f"not the {epoch} it claimed")
-    rows = metrics_epochs(dest / "metrics.jsonl")
-    if (max(rows) if rows else 0) < epoch:
-        shutil.rmtree(dest, ignore_errors=True)
-        return None, f"the copy's metrics stop before its epoch {epoch}: not kept, the next look copies again"
-    job = orch.ledger.get_job(job.id)
-    old = job.checkpoint_epoch
-    # The copy may be newer than the status.json read before it: the job has trained that far at least.
-    orch.ledger.update_job(job.id, checkpoint_epoch=epoch, epoch=max(job.epoch or 0, epoch))
-    if old is not None and old != epoch:
-        shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
-    return epoch, None
 
 
 # -- the command kind's steps (what they do on the instance: orchestrator.command_job) -------------
@@ -947,8 +715,8 @@ def _command_checkpoint(orch, job, inst, run) -> tuple[int | None, str | None]:
     ok, problem = command_job.snapshot(orch, inst, cmd, checkpoint_dir(orch.home, job.name, number))
     if not ok:  # the next look tries again (a folder being written, or none yet)
         return None, problem
-    phases = _loads(orch.ledger.get_job(job.id).phases, {})
-    phases["checkpoint_at"] = _now().isoformat()  # a string: phases() sums numbers only
+    phases = record.loads(orch.ledger.get_job(job.id).phases, {})
+    phases["checkpoint_at"] = record.now().isoformat()  # a string: phases() sums numbers only
     orch.ledger.update_job(job.id, phases=json.dumps(phases), checkpoint_epoch=number)
     if old:
         shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
@@ -977,7 +745,7 @@ def _command_progress(orch, job, inst, run, view: dict) -> None:
     except OrchError as e:
         note(orch, job, f"log not pulled this time: {_why(e)}", say=False)
     cmd = JobSpec.from_json(job.spec).command
-    if not cmd.checkpoint or not command_job.due(_loads(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
+    if not cmd.checkpoint or not command_job.due(record.loads(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
         return
     try:
         _, problem = _command_checkpoint(orch, job, inst, run)
@@ -1038,8 +806,8 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
     attempt = _end_attempt(orch, attempt, LOST, why)
     job = orch.ledger.update_job(job.id, expect=(RUNNING, RECOVERING, PLANNED), state=RECOVERING,
                                  reason=f"attempt {attempt.number} lost: {why}")
-    phases = _loads(job.phases, {})
-    phases["lost_at"] = _now().isoformat()
+    phases = record.loads(job.phases, {})
+    phases["lost_at"] = record.now().isoformat()
     job = orch.ledger.update_job(job.id, phases=json.dumps(phases))
     job = note(orch, job, f"attempt {attempt.number} lost: {why}")
     from orchestrator import group_jobs, groups
@@ -1053,7 +821,7 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
             from orchestrator import training
 
             training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), only_milestones=True)
-            kept, problem = (_command_checkpoint if js.command is not None else snapshot)(orch, job, inst, run)
+            kept, problem = (_command_checkpoint if js.command is not None else resume_copy.take)(orch, job, inst, run)
             if kept:
                 note(orch, job, f"took the checkpoint folder (copy {kept}) from {inst.name}" if js.command else
                      f"took last.pt (epoch {kept}) from {inst.name}: it loads there")
@@ -1082,7 +850,7 @@ def _finish(orch, job, attempt, inst, run, view: dict):
         job = orch.ledger.update_job(job.id, reason=f"completed, but the final pull failed ({_why(e)}): the next "
                                                    "look tries again; nothing is destroyed before")
         return note(orch, job, job.reason)
-    job = _job_phase(orch, job, "pull", time.monotonic() - t0)
+    job = record.job_phase(orch, job, "pull", time.monotonic() - t0)
     return _complete(orch, job, attempt, inst, run, f"pulled {len(got)} new file(s), verified")
 
 
@@ -1109,7 +877,7 @@ def _complete(orch, job, attempt, inst, run, how: str):
             problem = _give_back(orch, job, inst, f"job {job.name} completed: weights home in {dest}")
             if problem:
                 ended = f"NOT destroyed ({problem})"
-    job = _job_phase(orch, job, "teardown", time.monotonic() - t0)
+    job = record.job_phase(orch, job, "teardown", time.monotonic() - t0)
     # The resume copies served their purpose: the verified weights are in dest (last.pt among them).
     shutil.rmtree(job_dir(orch.home, job.name), ignore_errors=True)
     if train is None:
@@ -1180,107 +948,5 @@ def cancel(orch, job, wait: float = 120.0):
         return _finish_job(orch, orch.ledger.get_job(job.id), CANCELLED, "cancelled by the user")
 
 
-# -- showing ---------------------------------------------------------------------------------
-def phases(job, attempts) -> dict[str, float]:
-    """Seconds per phase: plan (every ranking), provision, stage, train and recover (every attempt
-    summed), pull (the final one), teardown."""
-    out = {k: v for k, v in _loads(job.phases, {}).items() if isinstance(v, (int, float))}
-    for a in attempts:
-        for k, v in _loads(a.phases, {}).items():
-            if isinstance(v, (int, float)):
-                out[k] = round(out.get(k, 0.0) + v, 3)
-    order = ("plan", "provision", "stage", "train", "recover", "pull", "teardown")
-    return {k: out[k] for k in sorted(out, key=lambda k: (order.index(k) if k in order else 99, k))}
-
-
-def attempt_dict(orch, a) -> dict:
-    from orchestrator import group_jobs
-    from orchestrator.views import iso
-
-    inst = orch.ledger.get(a.instance_id) if a.instance_id else None
-    spent = group_jobs.cost(orch, inst) if inst else 0.0
-    offer = _loads(a.offer, {})
-    return {"number": a.number, "instance": a.instance_name, "instance_id": a.instance_id,
-            "instance_state": inst.state if inst else None, "provider": a.provider, "offer": offer.get("line"),
-            "price_hr": a.price_hr, "state": a.state, "start_epoch": a.start_epoch, "resumed_from": a.resumed_from,
-            "reason": a.reason, "cost": round(spent, 6), "phases": _loads(a.phases, {}),
-            "started_at": iso(a.started_at), "ended_at": iso(a.ended_at)}
-
-
-def job_dict(orch, job) -> dict:
-    """A job as ``orch jobs --json`` shows it (keys are only ever added)."""
-    from orchestrator.views import iso
-
-    attempts = orch.ledger.attempts(job.id)
-    spec = _loads(job.spec, {})
-    train = spec.get("train") or {}
-    spent = cost(orch, job) if job.state in ACTIVE else job.cost_usd
-    current = attempts[-1] if attempts else None
-    command = spec.get("command") if isinstance(spec.get("command"), dict) else None
-    return {"id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
-            "kind": "command" if command else "train",
-            **(_command_view(orch, job, command, current) if command else {}),
-            "model": train.get("model"), "data": train.get("data"), "epochs": train.get("epochs"),
-            "epoch": job.epoch, "checkpoint_epoch": job.checkpoint_epoch,
-            "attempts": [attempt_dict(orch, a) for a in attempts],
-            "instance": current.instance_name if current else None, "provider": current.provider if current else None,
-            "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
-            "keep": job.keep, "weights": job.weights, "plan": _loads(job.plan, {}), "nodes": job.nodes,
-            "phases": phases(job, attempts), "history": _loads(job.history, []),
-            "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
-
-
-def _command_view(orch, job, command: dict, current) -> dict:
-    """What a command job adds to ``job_dict``: its command, its run's state, exit code and elapsed time."""
-    from orchestrator import command_job
-
-    run = orch.ledger.get_run(current.run_id) if current is not None and current.run_id else None
-    code, phase = command_job.recorded_exit(run)
-    elapsed = None
-    if run is not None:
-        end = _utc(run.ended_at) or (_utc(job.ended_at) if job.state in ENDED else _now())
-        elapsed = max(round((end - _utc(run.started_at)).total_seconds(), 1), 0.0)
-    text = "\n".join(clean(line, 500) or "" for line in str(command.get("run") or "").splitlines()[:50])
-    return {"command": text, "run_state": run.state if run else None,
-            "exit_code": code, "exit_phase": phase, "elapsed_s": elapsed,
-            "outputs": command.get("outputs") or [], "checkpoint": command.get("checkpoint")}
-
-
-def progress_line(d: dict) -> str:
-    """One line for --wait and the list: state, attempt, epoch, cost."""
-    parts = [d["state"]]
-    if d["attempts"]:
-        a = d["attempts"][-1]
-        parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
-    if d.get("kind") == "command" and d.get("run_state"):
-        parts.append(f"command {d['run_state']}"
-                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
-                     + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
-    if d.get("epoch"):
-        parts.append(f"epoch {d['epoch']}/{d['epochs']}")
-    if d.get("checkpoint_epoch"):
-        parts.append(f"checkpoint {d['checkpoint_epoch']}")
-    parts.append(f"${d['cost']:.4f}" + (f" of ${d['max_cost']:g}" if d.get("max_cost") is not None else ""))
-    if d.get("reason") and d["state"] in ACTIVE:
-        parts.append(clean(d["reason"], 160))
-    return "  ".join(parts)
-
-
-def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None = None):
-    """--wait: a look every ``interval`` seconds, a line whenever it changes, until the job ends."""
-    say = say or orch.say
-    last = ""
-    while True:
-        job = advance(orch, job)
-        line = progress_line(job_dict(orch, job))
-        if line != last:
-            say(f"      {line}")
-            last = line
-        if job.state in ENDED:
-            return job
-        time.sleep(interval)
-
-
 __all__ = ["JobSpec", "Choice", "plan", "check_plan", "create", "start", "advance", "advance_all", "cancel",
-           "follow", "job_dict", "progress_line", "pulled_epoch", "default_save_period", "check_job_name",
-           "ACTIVE", "ENDED"]
+           "default_save_period", "check_job_name", "ACTIVE", "ENDED"]

@@ -19,7 +19,7 @@ import gc
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from orchestrator import config, ledger_rows, states
 

@@ -84,10 +84,10 @@ def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(
 def _job(name) -> dict:
     """The job as `orch jobs show --json` prints it, read in this process (the ledger only): the
     loops below look often, and an `orch` process a look would be most of the suite's CPU."""
-    from orchestrator import jobs
+    from orchestrator import job_views
 
     orch = open_orch()
-    return jobs.job_dict(orch, orch.ledger.job(name))
+    return job_views.job_dict(orch, orch.ledger.job(name))
 
 
 def _advance_until(name, done, env=None, timeout=240.0, every=1.0, ready=None) -> dict:

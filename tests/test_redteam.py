@@ -238,7 +238,7 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
     """json raises RecursionError (not ValueError) on deep nesting: every reader of what an
     instance wrote skips such a line, and an ORCH_RESULT made of one is no answer (an OrchError the
     callers handle: a lost instance is still destroyed)."""
-    from orchestrator import jobs
+    from orchestrator import job_record, resume_copy
     from orchestrator.errors import OrchError
     from playbooks import host
     from playbooks import pull as pulling
@@ -248,10 +248,10 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"epoch": 1}\n' + deep + '\n{"epoch": 2}\n')
     (run / "status.json").write_text('{"x": ' + deep + "}")
-    assert jobs.metrics_epochs(run / "metrics.jsonl") == [1, 2]
-    assert jobs.pulled_epoch(run) == 2
-    assert jobs._trimmed_metrics(run / "metrics.jsonl", 5) == '{"epoch": 1}\n{"epoch": 2}\n'
-    assert jobs._loads(deep, {}) == {}
+    assert resume_copy.metrics_epochs(run / "metrics.jsonl") == [1, 2]
+    assert resume_copy.pulled_epoch(run) == 2
+    assert resume_copy.trimmed_metrics(run / "metrics.jsonl", 5) == '{"epoch": 1}\n{"epoch": 2}\n'
+    assert job_record.loads(deep, {}) == {}
     with pytest.raises(OrchError, match="no answer"):
         host.answer("ORCH_RESULT " + deep, "run_status.py")
     (run / pulling.MANIFEST).write_text(deep)

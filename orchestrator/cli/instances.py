@@ -202,7 +202,7 @@ def check_group_options(name, nodes, spec, request, provider, resume: bool = Fal
 def refuse_reached(folder, epochs: int) -> None:
     """--resume to --epochs the pulled run already reached is refused up front, with the epoch it
     reached (its status.json and metrics.jsonl say so, without torch here)."""
-    from orchestrator.jobs import pulled_epoch
+    from orchestrator.resume_copy import pulled_epoch
 
     reached = pulled_epoch(folder)
     if reached is not None and reached >= epochs:

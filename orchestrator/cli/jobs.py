@@ -63,7 +63,7 @@ def run(
     everything, destroy. `orch up`'s options apply."""
     from dataclasses import replace
 
-    from orchestrator import checkpoints, config, jobs, plugins, training
+    from orchestrator import checkpoints, config, job_views, jobs, plugins, training
 
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
@@ -159,7 +159,7 @@ def run(
     try:
         job = jobs.start(orch, job)
         if wait and job.state in jobs.ACTIVE:
-            job = jobs.follow(orch, job)
+            job = job_views.follow(orch, job)
     except KeyboardInterrupt:
         say(f"\norch: the job goes on: `orch jobs show {name}` follows it, `orch jobs cancel {name}` stops it"
             + _reaper_hint(orch))
@@ -241,9 +241,9 @@ def _job(orch, name: str):
 
 
 def _show(orch, job, as_json: bool) -> None:
-    from orchestrator import jobs
+    from orchestrator import job_views
 
-    d = jobs.job_dict(orch, job)
+    d = job_views.job_dict(orch, job)
     if as_json:
         emit_json(d)
         return
@@ -282,10 +282,10 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     """Every job, from the ledger."""
     if ctx.invoked_subcommand is not None:
         return
-    from orchestrator import jobs
+    from orchestrator import job_views
 
     orch = open_orch()
-    rows = [jobs.job_dict(orch, j) for j in orch.ledger.jobs()]
+    rows = [job_views.job_dict(orch, j) for j in orch.ledger.jobs()]
     if as_json:
         emit_json(rows)
         return
@@ -334,7 +334,8 @@ def jobs_cancel(name: str):
 def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
               lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end.")):
     """The training log of the job's current attempt (the pulled train.log once its instance is gone)."""
-    from orchestrator import jobs, states
+    from orchestrator import states
+    from orchestrator.job_record import weights_dir
 
     if not 1 <= lines <= 100_000:
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
@@ -345,7 +346,7 @@ def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", he
     if inst is not None and inst.state == states.READY:
         instances.logs(inst.name, follow=follow, lines=lines)
         return
-    pulled = jobs.weights_dir(orch.home, job.name) / "train.log"
+    pulled = weights_dir(orch.home, job.name) / "train.log"
     if not pulled.is_file():
         raise UsageError(f"job {name} has no instance up and no pulled train.log in {pulled.parent}")
     text = Path(pulled).read_bytes()[-(2 << 20):].decode(errors="replace").splitlines()[-lines:]

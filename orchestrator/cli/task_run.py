@@ -139,7 +139,7 @@ def _start(name, t, path, lines, base: Path, providers, dry_run, wait, options):
     """The command job planned, recorded and started (followed with --wait); None for a dry run."""
     import sys
 
-    from orchestrator import config, jobs, plugins, task, workdir
+    from orchestrator import config, job_views, jobs, plugins, task, workdir
     from orchestrator.cli import instances
 
     res = t.resources
@@ -186,7 +186,7 @@ def _start(name, t, path, lines, base: Path, providers, dry_run, wait, options):
     try:
         job = jobs.start(orch, job)
         if wait and job.state in jobs.ACTIVE:
-            job = jobs.follow(orch, job)
+            job = job_views.follow(orch, job)
     except KeyboardInterrupt:
         say(f"\norch: the job goes on: `orch jobs show {name}` follows it, `orch jobs cancel {name}` stops it")
         sys.exit(130)

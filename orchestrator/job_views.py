@@ -1,0 +1,113 @@
+"""What ``orch jobs`` shows of a job: its dict (``--json``; keys are only ever added), one
+progress line, the seconds per phase, and ``--wait``'s loop, which advances the job between looks.
+Reads only: the engine is ``jobs``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from orchestrator import jobs
+from orchestrator import job_record as record
+from orchestrator.text import clean
+
+
+def phases(job, attempts) -> dict[str, float]:
+    """Seconds per phase: plan (every ranking), provision, stage, train and recover (every attempt
+    summed), pull (the final one), teardown."""
+    out = {k: v for k, v in record.loads(job.phases, {}).items() if isinstance(v, (int, float))}
+    for a in attempts:
+        for k, v in record.loads(a.phases, {}).items():
+            if isinstance(v, (int, float)):
+                out[k] = round(out.get(k, 0.0) + v, 3)
+    order = ("plan", "provision", "stage", "train", "recover", "pull", "teardown")
+    return {k: out[k] for k in sorted(out, key=lambda k: (order.index(k) if k in order else 99, k))}
+
+
+def attempt_dict(orch, a) -> dict:
+    from orchestrator import group_jobs
+    from orchestrator.views import iso
+
+    inst = orch.ledger.get(a.instance_id) if a.instance_id else None
+    spent = group_jobs.cost(orch, inst) if inst else 0.0
+    offer = record.loads(a.offer, {})
+    return {"number": a.number, "instance": a.instance_name, "instance_id": a.instance_id,
+            "instance_state": inst.state if inst else None, "provider": a.provider, "offer": offer.get("line"),
+            "price_hr": a.price_hr, "state": a.state, "start_epoch": a.start_epoch, "resumed_from": a.resumed_from,
+            "reason": a.reason, "cost": round(spent, 6), "phases": record.loads(a.phases, {}),
+            "started_at": iso(a.started_at), "ended_at": iso(a.ended_at)}
+
+
+def job_dict(orch, job) -> dict:
+    """A job as ``orch jobs --json`` shows it (keys are only ever added)."""
+    from orchestrator.views import iso
+
+    attempts = orch.ledger.attempts(job.id)
+    spec = record.loads(job.spec, {})
+    train = spec.get("train") or {}
+    spent = jobs.cost(orch, job) if job.state in jobs.ACTIVE else job.cost_usd
+    current = attempts[-1] if attempts else None
+    command = spec.get("command") if isinstance(spec.get("command"), dict) else None
+    return {"id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
+            "kind": "command" if command else "train",
+            **(_command_view(orch, job, command, current) if command else {}),
+            "model": train.get("model"), "data": train.get("data"), "epochs": train.get("epochs"),
+            "epoch": job.epoch, "checkpoint_epoch": job.checkpoint_epoch,
+            "attempts": [attempt_dict(orch, a) for a in attempts],
+            "instance": current.instance_name if current else None, "provider": current.provider if current else None,
+            "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
+            "keep": job.keep, "weights": job.weights, "plan": record.loads(job.plan, {}), "nodes": job.nodes,
+            "phases": phases(job, attempts), "history": record.loads(job.history, []),
+            "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
+
+
+def _command_view(orch, job, command: dict, current) -> dict:
+    """What a command job adds to ``job_dict``: its command, its run's state, exit code and elapsed time."""
+    from orchestrator import command_job
+
+    run = orch.ledger.get_run(current.run_id) if current is not None and current.run_id else None
+    code, phase = command_job.recorded_exit(run)
+    elapsed = None
+    if run is not None:
+        end = record.utc(run.ended_at) or (record.utc(job.ended_at) if job.state in jobs.ENDED else record.now())
+        elapsed = max(round((end - record.utc(run.started_at)).total_seconds(), 1), 0.0)
+    text = "\n".join(clean(line, 500) or "" for line in str(command.get("run") or "").splitlines()[:50])
+    return {"command": text, "run_state": run.state if run else None,
+            "exit_code": code, "exit_phase": phase, "elapsed_s": elapsed,
+            "outputs": command.get("outputs") or [], "checkpoint": command.get("checkpoint")}
+
+
+def progress_line(d: dict) -> str:
+    """One line for --wait and the list: state, attempt, epoch, cost."""
+    parts = [d["state"]]
+    if d["attempts"]:
+        a = d["attempts"][-1]
+        parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
+    if d.get("kind") == "command" and d.get("run_state"):
+        parts.append(f"command {d['run_state']}"
+                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
+                     + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
+    if d.get("epoch"):
+        parts.append(f"epoch {d['epoch']}/{d['epochs']}")
+    if d.get("checkpoint_epoch"):
+        parts.append(f"checkpoint {d['checkpoint_epoch']}")
+    parts.append(f"${d['cost']:.4f}" + (f" of ${d['max_cost']:g}" if d.get("max_cost") is not None else ""))
+    if d.get("reason") and d["state"] in jobs.ACTIVE:
+        parts.append(clean(d["reason"], 160))
+    return "  ".join(parts)
+
+
+def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None = None):
+    """--wait: a look every ``interval`` seconds, a line whenever it changes, until the job ends."""
+    say = say or orch.say
+    last = ""
+    while True:
+        job = jobs.advance(orch, job)
+        line = progress_line(job_dict(orch, job))
+        if line != last:
+            say(f"      {line}")
+            last = line
+        if job.state in jobs.ENDED:
+            return job
+        time.sleep(interval)
