@@ -79,7 +79,7 @@ def status(orch, name: str, as_json: bool) -> bool:
     nodes = [orch.refresh(n) for n in nodes]
     run = orch.ledger.latest_run(nodes[0].id)
     if as_json:
-        from orchestrator.views import model_dict, run_dict
+        from orchestrator.views import model_dict
 
         data = {"group": name, "nodes": [model_dict(n) for n in nodes], "price_hr": groups.hourly(nodes),
                 "state": "/".join(sorted({n.state for n in nodes}))}

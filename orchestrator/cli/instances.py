@@ -125,7 +125,7 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
     training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
     options (``need_data``: training is what it is for) and checks them here too."""
-    from orchestrator import plugins, training
+    from orchestrator import training
     from orchestrator import policy as policies
     from orchestrator.lifecycle import check_name, check_request
     from orchestrator.provider import Request

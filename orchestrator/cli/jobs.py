@@ -241,7 +241,7 @@ def _job(orch, name: str):
 
 
 def _show(orch, job, as_json: bool) -> None:
-    from orchestrator import job_views
+    from orchestrator import job_views, jobs
 
     d = job_views.job_dict(orch, job)
     if as_json:
