@@ -189,10 +189,11 @@ class VastAIProvider(Provider):
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         self.validate(request)
         tried: set[str] = set()
+        taken: OffersTaken | None = None
         for _ in range(OFFER_LISTINGS):
             candidates = [o for o in self.offers(request) if o.offer_id not in tried][:MAX_OFFERS_TRIED]
-            if not candidates and tried:
-                raise NoCapacity("every matching Vast.ai offer was taken before it could be rented; try again")
+            if not candidates and taken is not None:
+                raise taken  # what the last try met (an instance made and destroyed is named there)
             if not candidates:
                 what = f"offer {request.offer} is no longer available" if request.offer else \
                     f"no Vast.ai offer matches {request.gpus}x {request.gpu or 'any GPU'} with {request.disk_gb} GB disk"
