@@ -156,8 +156,12 @@ def take(orch, job, inst, run) -> tuple[int | None, str | None]:
             snap = f"{host.workdir(c)}/job-resume"
             last, metrics = f"{run.run_dir}/weights/last.pt", f"{run.run_dir}/metrics.jsonl"
             # last.pt first, metrics.jsonl after: LibreYOLO writes the checkpoint before the epoch's row.
+            # A copy during which last.pt changed (torch rewriting it) is taken again, up to three times a
+            # second apart: a look that lands mid-write would otherwise wait a whole reaper interval.
+            when = f"{{ stat -c '%.9Y %s' {q(last)} 2>/dev/null || stat -c '%Y %s' {q(last)}; }}"
             out = remote.run(c, f"test -f {q(last)} || {{ echo missing; exit 0; }}; mkdir -p {q(snap + '/weights')} && "
-                                f"cp {q(last)} {q(snap + '/weights/.last.pt')} && "
+                                f"for i in 1 2 3; do a=$({when}); cp {q(last)} {q(snap + '/weights/.last.pt')} || "
+                                f"exit 1; b=$({when}); [ \"$a\" = \"$b\" ] && break; sleep 1; done && "
                                 f"mv -f {q(snap + '/weights/.last.pt')} {q(snap + '/weights/last.pt')} && "
                                 f"{{ cp {q(metrics)} {q(snap + '/.metrics')} 2>/dev/null || : > {q(snap + '/.metrics')}; }} && "
                                 f"mv -f {q(snap + '/.metrics')} {q(snap + '/metrics.jsonl')}")
