@@ -108,9 +108,8 @@ def _freeze_group(names, at_least: int, patience: float = 300.0):
     rank 0's last.pt is whole at epoch ``at_least``, so what follows meets a known state however
     fast this machine trains; returns what resumes them."""
     import os
-    import signal
 
-    from tests.test_jobs import _run_root, _trained, checkpoint
+    from tests.test_jobs import _freeze
     from orchestrator.lifecycle import Orch
 
     ledger = Orch.open(say=lambda m: None).ledger
@@ -123,20 +122,7 @@ def _freeze_group(names, at_least: int, patience: float = 300.0):
                 except ProcessLookupError:
                     pass
 
-    end = time.monotonic() + patience
-    root = None
-    while time.monotonic() < end:
-        root = root or _run_root(names[0])
-        rows, state = _trained(root) if root else (0, None)
-        assert state not in ("completed", "failed"), f"the training ended before epoch {at_least}"
-        if rows >= at_least:
-            send(signal.SIGSTOP)
-            info = checkpoint.check(str(root / "weights" / "last.pt"))
-            if info["loads"] and at_least <= (info["epoch"] or 0) <= _trained(root)[0]:
-                return lambda: send(signal.SIGCONT)
-            send(signal.SIGCONT)
-        time.sleep(0.1)
-    raise AssertionError(f"no whole last.pt of epoch {at_least} to pause at")
+    return _freeze(names[0], at_least=at_least, patience=patience, send=send)  # rank 0 writes last.pt
 
 
 def test_a_lost_node_ends_the_attempt_and_the_group_resumes_from_the_checkpoint_on_every_node(orch_home, tmp_path):

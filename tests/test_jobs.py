@@ -106,18 +106,20 @@ def _advance_until(name, done, env=None, timeout=240.0, every=1.0, ready=None) -
         time.sleep(every)
 
 
-def _freeze(instance: str, fake=None, at_least: int = 1, patience: float = 120.0):
+def _freeze(instance: str, fake=None, at_least: int = 1, patience: float = 120.0, send=None):
     """Pause the instance's training between two checkpoints, once its last.pt is whole at epoch
     ``at_least`` or later, so that what follows (a reaper pass, a kill) meets a known state however
-    fast this machine trains; returns what resumes it."""
+    fast this machine trains; returns what resumes it. ``send(signal)``: how the training's processes
+    are signalled (by default the run's pid, or by name in a fake pod)."""
     import signal
 
-    def send(sig):
+    def by_default(sig):
         if fake is None:
             ledger = open_orch().ledger
             os.kill(ledger.latest_run(ledger.by_name(instance).id).pid, sig)
         else:  # '[t]rain': the pattern does not match the shell that runs pkill
             _pod_of(fake, instance).host.run(f"pkill -{signal.Signals(sig).name[3:]} -f '[t]rain_entry.py'")
+    send = send or by_default
     end = time.monotonic() + patience
     root = None
     while time.monotonic() < end:
