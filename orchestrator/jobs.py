@@ -563,7 +563,11 @@ def advance(orch, job):
 
 def advance_all(orch) -> list[dict]:
     """Every active job, one look each (the reaper's ``after``): one job's trouble never stops the others."""
-    out = []
+    from orchestrator import ledger_rows
+
+    out: list[dict] = []
+    if not ledger_rows.jobs_in(ACTIVE, orch.ledger.url):  # plain SQL: no job, no ledger opened
+        return out
     for job in orch.ledger.jobs(ACTIVE):
         try:
             job = advance(orch, job)

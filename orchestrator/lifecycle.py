@@ -73,6 +73,15 @@ class LazyLedger:
         self._opened = None
         self._lock = threading.Lock()  # the reaper's parallel looks may be first to need it
 
+    def set_meta(self, key: str, value: str) -> None:
+        """Unopened, on SQLite: written with the standard library (a reaper pass that changed nothing
+        opens no SQLAlchemy); opened, or elsewhere: the ledger's own ``set_meta``."""
+        from orchestrator import ledger_rows
+
+        if self._opened is None and self.path is not None and ledger_rows.set_meta(self.path, key, value):
+            return
+        self.__getattr__("set_meta")(key, value)
+
     def __getattr__(self, name: str):
         with self._lock:
             if self._opened is None:

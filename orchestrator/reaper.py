@@ -164,16 +164,19 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
     bound = par.bound(parallel)
     started = time.monotonic()
     outcomes: list[Outcome] = []
+    listings: dict[str, dict] = {}  # provider -> {provider id: Remote}, as reconcile listed it for this pass
     with _PassLock(orch.home):
         if not dry_run:
-            outcomes += _reconcile(orch)  # first: what failed creates left, and rows a failure left half-way
+            outcomes += _reconcile(orch, listings)  # first: what failed creates left, rows a failure left half-way
         fleet = snapshot.read(orch.ledger, live_only=True)  # rows, events and runs: one query per table
         live = fleet.instances
         for provider_name in sorted({i.provider for i in live}):
             group = [i for i in live if i.provider == provider_name]
             try:
-                with snapshot.quiet_gc():
-                    listing = {r.provider_id: r for r in orch.provider(provider_name).list()}
+                listing = listings.get(provider_name)
+                if listing is None:  # reconcile did not list it (a dry run; a provider reconcile could not ask)
+                    with snapshot.quiet_gc():
+                        listing = {r.provider_id: r for r in orch.provider(provider_name).list()}
             except Exception as e:  # noqa: BLE001 - a failed listing is never read as "nothing there"
                 outcomes += [Outcome(i.name, i.provider, i.state, "skip",
                                      f"{provider_name} listing failed ({_why(e)}): left alone", instance_id=i.id)
@@ -191,7 +194,7 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
     return outcomes
 
 
-def _reconcile(orch) -> list[Outcome]:
+def _reconcile(orch, listings: dict) -> list[Outcome]:
     """``orch reconcile`` at the start of every pass: an instance that a create made and then
     failed to report (its lookup missed: listings lag a launch) is adopted, a row a failure left
     ``requested`` or ``destroying`` is settled, without anyone typing ``orch reconcile``. Its
@@ -199,19 +202,17 @@ def _reconcile(orch) -> list[Outcome]:
     Returns the pass's outcomes for the rows it ended (what it adopted, the pass looks at next)."""
     from orchestrator import reconcile
 
-    before = [r["id"] for r in ledger_rows.live(("id",), orch.ledger.url)]  # plain rows: one query
     try:
-        report = reconcile.reconcile(orch, unsettled_only=True)  # the pass syncs every other row
+        with snapshot.quiet_gc():  # its listing is the pass's: thousands of remotes, no cycle among them
+            report = reconcile.reconcile(orch, unsettled_only=True, listings=listings)  # the pass syncs the rest
     except Exception as e:  # noqa: BLE001 - the pass goes on: reconcile's trouble is no reason to stop reaping
         orch.say(f"reconcile failed: {_why(e)}")
         return []
     ended = []
-    still = {r["id"] for r in ledger_rows.live(("id",), orch.ledger.url)}
-    for iid in before:
-        now = orch.ledger.get(iid) if iid not in still else None
-        if now is not None and now.state not in states.LIVE:
-            ended.append(Outcome(now.name, now.provider, now.state, "gone", orch.ledger.events(now.id)[-1].reason,
-                                 instance_id=now.id))
+    for iid in (iid for p in report.providers for iid in p.ended):
+        now = orch.ledger.get(iid)
+        ended.append(Outcome(now.name, now.provider, now.state, "gone", orch.ledger.events(now.id)[-1].reason,
+                             instance_id=now.id))
     for p in report.providers:
         for name in p.adopted:
             orch.say(f"{name}: adopted from {p.provider} (it carries orch's tag; the ledger did not hold it)")
@@ -392,24 +393,46 @@ def table(outcomes: list[Outcome], dry_run: bool) -> str:
     return text
 
 
-def dry_run_fast(as_json: bool) -> None:
-    """``orch reap --dry-run [--json]`` as ``cli.main`` answers it, without Typer (0.2 s of start-up,
-    pydantic included): a dry run reads the fleet through ``snapshot`` and writes nothing."""
+def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | None = None) -> tuple[list, list]:
+    """One pass as ``orch reap`` runs it: (its outcomes, every job advanced at its end, under its lock;
+    a real pass only: a dry run neither advances jobs nor imports them)."""
+    advanced: list[dict] = []
+
+    def advance_jobs() -> None:
+        from orchestrator import jobs
+
+        advanced.extend(jobs.advance_all(orch))
+
+    return reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
+
+
+def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> None:
+    """A pass as ``orch reap`` prints it: the table (or JSON), then each job it advanced."""
     import json
+    import sys
+
+    if as_json:
+        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True, default=str))
+        return
+    sys.stdout.write(table(outcomes, dry_run))
+    for j in advanced:
+        print(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""), flush=True)
+
+
+def fast(dry_run: bool, as_json: bool) -> None:
+    """``orch reap [--dry-run] [--json]`` (one pass, what a schedule runs) as ``cli.main`` answers it,
+    without Typer (0.2 s of start-up, pydantic included): the pass opens the ledger lazily, and one
+    that changes nothing never imports SQLAlchemy."""
     import sys
 
     from orchestrator.lifecycle import Orch
 
     orch = Orch.open(actor=ACTOR, say=lambda msg: print(msg, file=sys.stderr, flush=True), lazy=True)
-    outcomes = reap(orch, dry_run=True)
-    if as_json:
-        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True, default=str))
-    else:
-        sys.stdout.write(table(outcomes, dry_run=True))
+    show_pass(*one_pass(orch, dry_run=dry_run), dry_run, as_json)
 
 
 def last_pass(ledger) -> dict | None:
     return ledger.get_json_meta(LAST_PASS)
 
 
-__all__ = ["Outcome", "act", "look", "reap", "table", "last_pass", "ACTOR"]
+__all__ = ["Outcome", "act", "look", "reap", "one_pass", "show_pass", "table", "last_pass", "ACTOR"]

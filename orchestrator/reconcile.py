@@ -50,6 +50,7 @@ class ProviderReport:
     busy: list[str] = field(default_factory=list)
     untouched: list[str] = field(default_factory=list)  # left alone because the listing failed
     problems: list[str] = field(default_factory=list)  # one instance's trouble, the others still done
+    ended: list[str] = field(default_factory=list)  # ids of the rows this reconcile ended (a reaper pass reports them)
 
     @property
     def ok(self) -> bool:
@@ -81,12 +82,12 @@ def _iso(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def configured(orch) -> list[str]:
+def configured(orch, rows: list | None = None) -> list[str]:
     """Providers to ask: every one whose credentials are there, and every one the ledger has live
-    instances on (a missing key is then reported, not taken as "nothing there")."""
+    instances on (``rows``, else read; a missing key is then reported, not taken as "nothing there")."""
     from orchestrator import plugins
 
-    names = {i.provider for i in _live(orch)}
+    names = {i.provider for i in (_live(orch) if rows is None else rows)}
     for name in plugins.providers():
         try:
             if orch.provider(name).configured():
@@ -96,17 +97,22 @@ def configured(orch) -> list[str]:
     return sorted(names)
 
 
-def reconcile(orch, providers: Iterable[str] | None = None, unsettled_only: bool = False) -> Report:
+def reconcile(orch, providers: Iterable[str] | None = None, unsettled_only: bool = False,
+              listings: dict[str, dict[str, Remote]] | None = None) -> Report:
     """One reconcile pass over ``providers`` (default: ``configured``); records when it ran.
 
     ``unsettled_only`` (the reaper's call): settle only rows the reaper's own pass cannot, a
     ``requested`` row and one without a provider id, and adopt what is listed but not held; every
     other row is synced by the pass that follows, so taking its claim here too would only double
-    the pass's work (16 s of a 20 s pass over 10,000 instances, bench/fleet.py)."""
+    the pass's work (16 s of a 20 s pass over 10,000 instances, bench/fleet.py). ``listings``: each
+    provider's listing, by provider id, is left there for that pass (one listing per provider a pass,
+    not two; a local fleet's listing reads a file per instance)."""
     rec = replace(orch, actor=ACTOR)
     started = _now()
-    report = Report(_iso(started), [_provider(rec, name, unsettled_only)
-                                    for name in (providers or configured(rec))])
+    rows = _live(rec)  # read once, before any listing: a fleet of 10,000 is 10,000 rows a read
+    report = Report(_iso(started), [_provider(rec, name, unsettled_only, listings,
+                                              [r for r in rows if r.provider == name])
+                                    for name in (providers or configured(rec, rows))])
     rec.ledger.set_meta(LAST_RUN, report.at)
     rec.ledger.set_meta(LAST_REPORT, json.dumps(report.summary()))
     return report
@@ -131,14 +137,15 @@ def _needs_reconcile(row) -> bool:
     return row.state == states.REQUESTED or row.provider_id is None
 
 
-def _provider(orch, name: str, unsettled_only: bool = False) -> ProviderReport:
+def _provider(orch, name: str, unsettled_only: bool = False,
+              listings: dict[str, dict[str, Remote]] | None = None, rows: list | None = None) -> ProviderReport:
     pr = ProviderReport(name)
     try:
         provider = orch.provider(name)
     except OrchError as e:
         pr.error = _why(e)
         return pr
-    rows = _live(orch, name)  # read before the listing
+    rows = _live(orch, name) if rows is None else rows  # read before the listing
     try:
         remotes = provider.list()
     except Exception as e:  # noqa: BLE001 - whatever broke, a failed listing is never an empty fleet
@@ -147,6 +154,8 @@ def _provider(orch, name: str, unsettled_only: bool = False) -> ProviderReport:
         return pr
     pr.listed = len(remotes)
     listed = {r.provider_id: r for r in remotes}
+    if listings is not None:
+        listings[name] = listed
     for row in rows:
         if unsettled_only and not _needs_reconcile(row):
             continue
@@ -154,6 +163,9 @@ def _provider(orch, name: str, unsettled_only: bool = False) -> ProviderReport:
             _settle(orch, provider, row, listed, pr)
         except Exception as e:  # noqa: BLE001 - one instance's trouble must not stop the others
             pr.problems.append(f"{row.name}: {_why(e)}")
+    held = {r.provider_id for r in rows if r.provider_id}
+    if all(r.provider_id in held for r in remotes):
+        return pr  # every instance listed was a row already: nothing to adopt, nothing more to read
     live = _live(orch, name)
     # Rows live when the listing was taken were settled above, whatever they are now.
     known_ids = {i.provider_id for i in [*rows, *live] if i.provider_id}
@@ -174,28 +186,35 @@ def _settle(orch, provider: Provider, row, listed: dict[str, Remote], pr: Provid
         if not mine:
             pr.busy.append(row.name)
             return
-        inst = orch.ledger.get(row.id)
-        if inst.state not in states.LIVE:
-            return
-        if inst.state == states.REQUESTED:
-            inst = settle_requested(orch, provider, inst, pr)
-            if inst.state != states.PROVISIONING:
-                return
-        if inst.provider_id is None:  # a destroy begun before the create was known: it looks by label
-            orch.down(inst, "finishing a destroy that an interrupted orch had begun")
-            pr.destroyed.append(inst.name)
-            return
-        remote = listed.get(inst.provider_id) or provider.get(inst.provider_id)
-        before = inst.state
-        inst = sync(orch, inst, remote)
-        if inst.state == states.DESTROYED:
-            pr.destroyed.append(inst.name)
-        elif inst.state == states.LOST:
-            pr.lost.append(inst.name)
-        elif inst.state == states.PROVISIONING:
-            pr.abandoned.append(inst.name)
-        elif inst.state != before:
-            pr.settled.append(f"{inst.name}: {before} -> {inst.state}")
+        inst = _settle_row(orch, provider, orch.ledger.get(row.id), listed, pr)
+        if inst is not None and inst.state not in states.LIVE:
+            pr.ended.append(inst.id)
+
+
+def _settle_row(orch, provider: Provider, inst, listed: dict[str, Remote], pr: ProviderReport):
+    """One row, under its claim; the row as this left it (None: already ended, not touched)."""
+    if inst.state not in states.LIVE:
+        return None
+    if inst.state == states.REQUESTED:
+        inst = settle_requested(orch, provider, inst, pr)
+        if inst.state != states.PROVISIONING:
+            return inst
+    if inst.provider_id is None:  # a destroy begun before the create was known: it looks by label
+        inst = orch.down(inst, "finishing a destroy that an interrupted orch had begun")
+        pr.destroyed.append(inst.name)
+        return inst
+    remote = listed.get(inst.provider_id) or provider.get(inst.provider_id)
+    before = inst.state
+    inst = sync(orch, inst, remote)
+    if inst.state == states.DESTROYED:
+        pr.destroyed.append(inst.name)
+    elif inst.state == states.LOST:
+        pr.lost.append(inst.name)
+    elif inst.state == states.PROVISIONING:
+        pr.abandoned.append(inst.name)
+    elif inst.state != before:
+        pr.settled.append(f"{inst.name}: {before} -> {inst.state}")
+    return inst
 
 
 def settle_requested(orch, provider: Provider, inst, pr: ProviderReport):

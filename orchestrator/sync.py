@@ -31,10 +31,17 @@ from orchestrator import claims, policy, states
 from orchestrator.provider import Remote, Status
 
 
+# What the provider shows and the ledger says agree, and sync would leave the row as it is (below).
+_AGREE = frozenset({(Status.STOPPED, states.STOPPED), (Status.STOPPED, states.PREEMPTED),
+                    (Status.SCHEDULING, states.SCHEDULING), (Status.BROKEN, states.BROKEN)})
+
+
 def sync(orch, inst, remote: Remote | None):
     """Bring one ledger row in line with ``remote`` (None: the provider does not have it)."""
     if inst.state not in states.LIVE or inst.state == states.REQUESTED:
         return inst  # a request in flight is settled by reconcile.settle_requested
+    if remote is not None and (remote.status, inst.state) in _AGREE:
+        return inst  # nothing to move, so no claim to ask about (a reaper pass over a stopped fleet)
     if claims.busy(orch.ledger, inst.name):
         return inst
     status = Status.GONE if remote is None else remote.status

@@ -232,3 +232,33 @@ def test_every_bench_runs_in_its_quick_mode(script, tmp_path):
                           text=True, timeout=900, env={**os.environ, "ORCH_HOME": str(tmp_path / "bench-home")})
     assert done.returncode == 0, f"{script}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert "x " in done.stdout or "x)" in done.stdout, f"{script} printed no ratio:\n{done.stdout}"
+
+
+@SQLITE_ONLY
+def test_a_scheduled_pass_over_a_settled_fleet_records_itself_and_its_output_can_be_cut_short(tmp_path):
+    """What a schedule runs every few minutes, over 400 stopped instances it decided on before: the
+    pass keeps every one, says so in ``orch reaper status``, changes nothing, and never needs the
+    ledger's models (SQLAlchemy: 0.3 s of CPU a pass); ``orch reap --json | head`` ends quietly."""
+    home = tmp_path / "orch"
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, 'bench'); import fleet; "
+            f"fleet.fill(Path({str(home)!r}), 400, settled=True)")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)
+    env = {"ORCH_HOME": str(home), "ORCH_WATCHDOG": "off"}
+    before = run_orch("status", "--json", env=env, check=0).stdout
+    # The pass in this process, as `orch reap` starts it, to see what it imported.
+    probe = ("import sys; sys.argv = ['orch', 'reap']; from orchestrator.cli.main import main; main(); "
+             "print('SQLALCHEMY', 'sqlalchemy' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(" keep ") == 400 and "SQLALCHEMY False" in done.stderr, done.stderr[-2000:]
+    shown = run_orch("reaper", "status", env=env, check=0).stdout
+    assert "400 instance(s), 0 acted on" in shown, shown
+    assert run_orch("status", "--json", env=env, check=0).stdout == before  # nothing moved
+    for command in (["reap", "--json"], ["status", "--json"]):
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *command], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, **env})
+        assert proc.stdout.read(10)  # `| head -c 10`: the reader leaves
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=300) == 1 and err == "", (command, err)

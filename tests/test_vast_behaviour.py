@@ -179,6 +179,17 @@ def test_a_crashed_instance_shows_in_orch_status_and_orch_reap_destroys_it(vast)
     assert fake.live() == [] and detail("crash", env)["state"] == "destroyed"
 
 
+def test_a_reaper_pass_lists_vast_once(vast):
+    """The reconcile that opens a pass (adoption) and the pass itself read one listing: a fleet's
+    pass costs one listing per provider, not two (Vast's search and list calls are rate-limited)."""
+    fake, env = vast
+    rent("once")
+    listings = lambda: len(fake.calls("GET", r"^/api/v1/instances/$"))  # noqa: E731
+    before = listings()
+    out = json.loads(run_orch("reap", "--json", env=env, check=0).stdout)
+    assert [o["name"] for o in out] == ["once"] and listings() - before == 1, out
+
+
 @pytest.mark.parametrize("state", ["offline", "frozen"])
 def test_a_host_that_dropped_or_froze_is_broken_too(vast, state):
     fake, env = vast

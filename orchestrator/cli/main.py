@@ -1,8 +1,8 @@
 """The entry point of the ``orch`` command (the console script and ``python -m orchestrator``).
 
 ``orch status`` without a name, the command people run most (often in a loop), is answered by
-``fleet`` with the standard library alone when it can be, and ``orch cost`` and ``orch reap
---dry-run`` (read-only reports over the whole fleet) without Typer, and ``orch ssh NAME [-- CMD]`` by
+``fleet`` with the standard library alone when it can be, ``orch cost`` and ``orch reap [--dry-run]``
+(over the whole fleet: a scheduled pass must keep up with ``orch status``) without Typer, and ``orch ssh NAME [-- CMD]`` by
 ``ssh_exec`` (ssh exec'd from the ledger's row); everything else goes to the Typer app,
 with every command module imported here, and one error boundary: orch's own errors are one line
 and their exit code, anything else a one-line "internal error".
@@ -17,9 +17,9 @@ FAST_FLAGS = {"--json", "--all", "-a"}
 
 
 def _fast(args: list[str]):
-    """The read-only reports over the whole fleet, answered without Typer (0.2 s of start-up, pydantic
-    included) when they come with no option but these flags: they must keep up with ``orch status``
-    on a fleet of 10,000. Anything else, ``--help`` included, goes to the Typer app."""
+    """The commands over the whole fleet, answered without Typer (0.2 s of start-up, pydantic included)
+    when they come with no option but these flags: they must keep up with ``orch status`` on a fleet
+    of 10,000. Anything else, ``--help`` included, goes to the Typer app."""
     flags = set(args[1:])
     if args[:1] == ["status"] and flags <= FAST_FLAGS:
         from orchestrator import fleet
@@ -33,20 +33,24 @@ def _fast(args: list[str]):
             costs.show(Orch.open(say=lambda m: print(m, file=sys.stderr), lazy=True).ledger, as_json="--json" in flags)
 
         return cost
-    if args[:1] == ["reap"] and "--dry-run" in flags and flags <= {"--dry-run", "--json"}:
+    if args[:1] == ["reap"] and flags <= {"--dry-run", "--json"}:
         from orchestrator import reaper
 
-        return lambda: reaper.dry_run_fast("--json" in flags)
+        return lambda: reaper.fast("--dry-run" in flags, "--json" in flags)
     return None
 
 
 def main() -> None:
     args = sys.argv[1:]
     fast = _fast(args)
+    if fast is not None and args[0] == "reap" and "--dry-run" not in args:
+        return run(fast)  # a real pass acts: never run twice, its errors said by the one boundary
     if fast is not None:
         try:
             fast()
             return
+        except BrokenPipeError:
+            _reader_left()
         except Exception:  # noqa: BLE001 - whatever it was, the full CLI says it properly (one line, its exit code)
             pass
     if args[:1] == ["ssh"]:
@@ -56,14 +60,18 @@ def main() -> None:
     run()
 
 
-def run() -> None:
-    import typer
-
-    from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
-    from orchestrator.cli.app import app, one_line
+def run(call=None) -> None:
+    """The Typer app, or ``call`` (a fast path), inside orch's one error boundary."""
     from orchestrator.errors import OrchError
 
     try:
+        if call is not None:
+            return call()
+        import typer
+
+        from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
+        from orchestrator.cli.app import app
+
         command = typer.main.get_command(app)
         if os.environ.get("_ORCH_COMPLETE"):  # the shell asks for completions (Typer's scripts set this)
             from orchestrator.cli.app import complete_instance_names
@@ -71,14 +79,22 @@ def run() -> None:
             complete_instance_names(command)
         command.main(standalone_mode=False, prog_name="orch")  # named, not "python -m orchestrator": completion keys on it
     except OrchError as e:
+        from orchestrator.cli.app import one_line
+
         print(f"orch: error: {one_line(str(e))}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("orch: interrupted", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:
+        _reader_left()
     except SystemExit:
         raise
     except Exception as e:  # usage errors and our bugs alike get one line
+        import typer
+
+        from orchestrator.cli.app import one_line
+
         if isinstance(e, typer.TyperException):  # Typer's own click: bad option values, unknown options
             print(f"orch: error: {one_line(e.format_message().replace(chr(10), ' '))}", file=sys.stderr)
             sys.exit(e.exit_code)
@@ -89,3 +105,11 @@ def run() -> None:
         print(f"orch: internal error: {type(e).__name__}: {one_line(str(e))} (ORCH_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         sys.exit(1)
+
+
+def _reader_left() -> None:
+    """``orch status --json | head``: the reader closed the pipe; nothing to say and nowhere to say it.
+    stdout goes to /dev/null so the interpreter's last flush does not fail again (Python's docs on
+    SIGPIPE), and the exit code says the output was cut short."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)

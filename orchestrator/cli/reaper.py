@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
+from orchestrator.cli.app import app, console, emit_json, open_orch, say
 from orchestrator.errors import UsageError
-from orchestrator.text import clean
 
 reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this shell.", no_args_is_help=True)
 app.add_typer(reaper_app, name="reaper")
@@ -34,25 +32,13 @@ def reap(
         raise UsageError(f"--interval must be between 1 and 86400 seconds, not {interval:g}")
     if parallel is not None and not 1 <= parallel <= MAX_BOUND:
         raise UsageError(f"--parallel must be between 1 and {MAX_BOUND}, not {parallel}")
-    orch = open_orch(actor=reaper.ACTOR, lazy=True)  # a dry run reads through `snapshot` and writes nothing
+    orch = open_orch(actor=reaper.ACTOR, lazy=True)  # a pass that changes nothing opens no SQLAlchemy
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
-        advanced = []  # every job, one look each, at the end of the pass (under its lock)
-
-        def advance_jobs() -> None:  # a real pass only: a dry run neither advances jobs nor imports them
-            from orchestrator import jobs
-
-            advanced.extend(jobs.advance_all(orch))
-
-        outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs)
-        if as_json:
-            emit_json([o.to_dict() for o in outcomes])
-        else:
-            if watch:
-                console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
-            sys.stdout.write(reaper.table(outcomes, dry_run))
-            for j in advanced:
-                out(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""))
+        outcomes, advanced = reaper.one_pass(orch, dry_run=dry_run, force=force, parallel=parallel)
+        if watch and not as_json:
+            console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
+        reaper.show_pass(outcomes, advanced, dry_run, as_json)
         if not watch:
             return
         # An instance whose idle time runs out before the next pass gets a pass right then.
