@@ -82,12 +82,12 @@ def _iso(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def configured(orch, rows: list | None = None) -> list[str]:
+def configured(orch, rows: list) -> list[str]:
     """Providers to ask: every one whose credentials are there, and every one the ledger has live
-    instances on (``rows``, else read; a missing key is then reported, not taken as "nothing there")."""
+    instances on (``rows``; a missing key is then reported, not taken as "nothing there")."""
     from orchestrator import plugins
 
-    names = {i.provider for i in (_live(orch) if rows is None else rows)}
+    names = {i.provider for i in rows}
     for name in plugins.providers():
         try:
             if orch.provider(name).configured():
@@ -110,8 +110,8 @@ def reconcile(orch, providers: Iterable[str] | None = None, unsettled_only: bool
     rec = replace(orch, actor=ACTOR)
     started = _now()
     rows = _live(rec)  # read once, before any listing: a fleet of 10,000 is 10,000 rows a read
-    report = Report(_iso(started), [_provider(rec, name, unsettled_only, listings,
-                                              [r for r in rows if r.provider == name])
+    report = Report(_iso(started), [_provider(rec, name, [r for r in rows if r.provider == name],
+                                              unsettled_only, listings)
                                     for name in (providers or configured(rec, rows))])
     rec.ledger.set_meta(LAST_RUN, report.at)
     rec.ledger.set_meta(LAST_REPORT, json.dumps(report.summary()))
@@ -137,15 +137,15 @@ def _needs_reconcile(row) -> bool:
     return row.state == states.REQUESTED or row.provider_id is None
 
 
-def _provider(orch, name: str, unsettled_only: bool = False,
-              listings: dict[str, dict[str, Remote]] | None = None, rows: list | None = None) -> ProviderReport:
+def _provider(orch, name: str, rows: list, unsettled_only: bool = False,
+              listings: dict[str, dict[str, Remote]] | None = None) -> ProviderReport:
+    """One provider: ``rows`` (its live rows, read before its listing) settled, what it lists adopted."""
     pr = ProviderReport(name)
     try:
         provider = orch.provider(name)
     except OrchError as e:
         pr.error = _why(e)
         return pr
-    rows = _live(orch, name) if rows is None else rows  # read before the listing
     try:
         remotes = provider.list()
     except Exception as e:  # noqa: BLE001 - whatever broke, a failed listing is never an empty fleet

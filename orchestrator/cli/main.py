@@ -36,15 +36,17 @@ def _fast(args: list[str]):
     if args[:1] == ["reap"] and flags <= {"--dry-run", "--json"}:
         from orchestrator import reaper
 
-        return lambda: reaper.fast("--dry-run" in flags, "--json" in flags)
+        def reap() -> None:
+            reaper.fast("--dry-run" in flags, "--json" in flags)
+
+        # A real pass acts: it is never run twice, so its errors are said here, by the one boundary.
+        return reap if "--dry-run" in flags else lambda: run(reap)
     return None
 
 
 def main() -> None:
     args = sys.argv[1:]
     fast = _fast(args)
-    if fast is not None and args[0] == "reap" and "--dry-run" not in args:
-        return run(fast)  # a real pass acts: never run twice, its errors said by the one boundary
     if fast is not None:
         try:
             fast()
