@@ -13,16 +13,18 @@ def known() -> set[str]:
     return {p.name.split("_", 1)[0] for p in (HERE / "versions").glob("[0-9]*_*.py")}
 
 
-def config(engine=None):
+def config(connection=None):
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(HERE))
-    cfg.attributes["engine"] = engine
+    cfg.attributes["connection"] = connection
     return cfg
 
 
-def upgrade(engine, revision: str = "head") -> None:
+def upgrade(connection, revision: str = "head") -> None:
+    """Run the migrations on ``connection``, inside the transaction its caller began (the caller
+    holds the write lock, so two processes never migrate the same ledger at once)."""
     from alembic import command
 
-    command.upgrade(config(engine), revision)
+    command.upgrade(config(connection), revision)

@@ -202,24 +202,16 @@ class Ledger:
             self.engine = _engine(url)
         self._reader = self.engine.execution_options(orch_read_only=True)
         if upgrade:
-            try:
-                self.ensure_schema()
-            except DatabaseError as e:
-                raise OrchError(f"cannot open the ledger at {_shown(url)}: "
-                                f"{' '.join(str(e.orig or e).split())[:300]}") from None
+            self.ensure_schema()
 
     # -- schema ------------------------------------------------------------------------
     def revision(self) -> str | None:
         try:
             conn = self._reader.connect()  # a read: a plain BEGIN (see the module's docstring)
         except DatabaseError as e:  # not a database at all (a corrupt or foreign file)
-            raise OrchError(f"cannot open the ledger at {_shown(self.url)}: "
-                            f"{' '.join(str(e.orig or e).split())[:300]}") from None
+            raise self._unreadable(e) from None
         with conn:
-            try:
-                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
-            except Exception:
-                return None
+            return _revision(conn)
 
     def ensure_schema(self) -> None:
         """Apply migrations when the database is behind; a cheap read when it is not."""
@@ -228,14 +220,32 @@ class Ledger:
 
     def upgrade(self) -> None:
         """Migrate to this orch's schema. A ledger written by a newer orch is left alone: this one
-        would not know its schema (``orch db upgrade`` says so too, in one line)."""
+        would not know its schema (``orch db upgrade`` says so too, in one line).
+
+        Processes meeting a fresh ledger at once (several ``orch up`` in parallel) migrate one at a
+        time: the revision is read and every migration runs in one transaction that holds the write
+        lock from its start (BEGIN IMMEDIATE on SQLite, an advisory lock on PostgreSQL). Alembic on
+        its own reads the revision first and runs SQLite's migrations one transaction each, so two
+        processes could both find 0002 and both create 0003's tables."""
         from migrations import known, upgrade
 
-        found = self.revision()
-        if found is not None and found not in known():
-            raise OrchError(f"the ledger at {_shown(self.url)} was written by a newer orch (schema {found}; "
-                            f"this orch knows up to {HEAD}): upgrade orch")
-        upgrade(self.engine)
+        try:
+            with self.engine.connect() as conn, conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(5260571)"))
+                found = _revision(conn)
+                if found == HEAD:
+                    return
+                if found is not None and found not in known():
+                    raise OrchError(f"the ledger at {_shown(self.url)} was written by a newer orch (schema "
+                                    f"{found}; this orch knows up to {HEAD}): upgrade orch")
+                upgrade(conn)
+        except DatabaseError as e:  # a corrupt or foreign file, a folder where the ledger should be
+            raise self._unreadable(e) from None
+
+    def _unreadable(self, e: DatabaseError) -> OrchError:
+        return OrchError(f"cannot open the ledger at {_shown(self.url)}: "
+                         f"{' '.join(str(e.orig or e).split())[:300]}")
 
     def session(self, write: bool = True) -> Session:
         """A session; ``write=False`` for one that only reads (a plain BEGIN on SQLite)."""
@@ -498,6 +508,18 @@ class Ledger:
             row.value = value
             s.add(row)
             s.commit()
+
+
+def _revision(conn) -> str | None:
+    """The schema revision, None on a database orch has not migrated yet. Inside a transaction the
+    failed read is undone to a savepoint, so the transaction goes on."""
+    try:
+        if conn.in_transaction():
+            with conn.begin_nested():
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except DatabaseError:
+        return None
 
 
 def _memory(inst: Instance) -> dict:

@@ -161,6 +161,65 @@ def test_migrations_reach_head_and_match_the_models_on_postgresql(pg_url):
     assert f"revision {HEAD}" in run_orch("db", "upgrade", check=0).stdout
 
 
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_processes_meeting_a_fresh_ledger_at_once_all_open_it(db, request, tmp_path):
+    """Parallel `orch up`s on a new machine (or a new team database) all migrate the same empty
+    ledger at once: each one opens it, and the schema is built once (CI met "table jobs already
+    exists" when two of them ran migration 0003 side by side)."""
+    import subprocess
+    import sys
+
+    from migrations import HEAD
+    from orchestrator.ledger import Ledger
+    from tests.conftest import ROOT
+
+    url = request.getfixturevalue("pg_url") if db == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
+    code = f"import sys\nfrom orchestrator.ledger import Ledger\nsys.stdin.readline()\nLedger({url!r})\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for _ in range(8)]
+    for p in procs:  # all imported: now open it, together
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, "\n".join(e for e in errors if e)
+    assert Ledger(url, upgrade=False).revision() == HEAD
+
+
+def test_an_upgrade_killed_halfway_leaves_the_ledger_as_it_was_and_the_next_open_finishes_it(tmp_path):
+    """A ledger from an older orch (revision 0002, one instance) meets a new orch that is killed in
+    the middle of its migrations: the ledger is still the old one, row and all (the migrations are
+    one transaction), and the next open brings it to HEAD keeping the row."""
+    import signal
+    import subprocess
+    import sys
+
+    from sqlalchemy import create_engine, text
+
+    import migrations
+    from migrations import HEAD
+    from orchestrator.ledger import Ledger
+    from tests.conftest import ROOT
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with create_engine(url).begin() as conn:  # what orch at revision 0002 left (no jobs, no groups)
+        migrations.upgrade(conn, "0002")
+        conn.execute(text("INSERT INTO instances (id, name, provider, label, state, gpus, cpu_only, disk_gb, "
+                          "spot, price_hr, stopped_price_hr, protected, created_at, updated_at) VALUES ('i1', "
+                          "'kept', 'local', 'orch-i1', 'running', 0, 1, 20, 0, 0.5, 0.01, 0, '2026-01-01', "
+                          "'2026-01-01')"))
+    code = ("import os, signal\nfrom sqlalchemy import event\nfrom sqlalchemy.engine import Engine\n"
+            "@event.listens_for(Engine, 'before_cursor_execute')\n"
+            "def kill(conn, cursor, statement, *rest):\n"
+            "    if 'ix_instances_group_id' in statement: os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"from orchestrator.ledger import Ledger\nLedger({url!r})\n")
+    killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # it died in migration 0004, after 0003 ran
+    assert Ledger(url, upgrade=False).revision() == "0002"
+    led = Ledger(url)
+    assert led.revision() == HEAD
+    assert led.get("i1").name == "kept" and led.jobs() == []
+
+
 def test_racing_processes_on_postgresql_move_an_instance_once(pg_url):
     """Eight processes try the same compare-and-set at once: one moves it, seven are refused."""
     import subprocess
