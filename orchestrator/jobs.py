@@ -476,10 +476,11 @@ def relaunch(orch, job, js: JobSpec | None = None):
         counted = [a for a in attempts if a.state != INTERRUPTED]
         if counted and _relaunches(attempts) >= job.retries:
             last = counted[-1].reason or "lost"
-            return _finish_job(orch, job, FAILED, f"{job.retries} relaunch(es) used up; the last attempt: {last}")
+            return _finish_job(orch, job, FAILED, f"{job.retries} relaunch(es) used up; the last attempt: {last}"
+                               + _kept(orch, job, "; "))
         over = _over_cap(orch, job)
         if over:
-            return _finish_job(orch, job, FAILED, f"{over}: no further attempt")
+            return _finish_job(orch, job, FAILED, f"{over}: no further attempt" + _kept(orch, job, "; "))
         done = job.checkpoint_epoch or 0
         if js.train is not None and done >= js.train.epochs:
             return _complete_from_copies(orch, job, js)
@@ -918,9 +919,16 @@ def _stop_over_cap(orch, job, attempt, inst, run, why: str):
     _give_back(orch, job, inst, f"job {job.name}: {why}")
     return _finish_job(orch, orch.ledger.get_job(job.id), FAILED,
                        f"{why}: stopped at epoch {job.epoch or '?'}; what was pulled is in "
-                       f"{weights_dir(orch.home, job.name)}"
-                       + (f", the last checkpoint (epoch {job.checkpoint_epoch}) in "
-                          f"{checkpoint_dir(orch.home, job.name, job.checkpoint_epoch)}" if job.checkpoint_epoch else ""))
+                       f"{weights_dir(orch.home, job.name)}" + _kept(orch, job, ", "))
+
+
+def _kept(orch, job, sep: str) -> str:
+    """Where a failed job's last intact checkpoint copy lies, for its reason ('' when it has none):
+    a job stopped by a cap or out of retries still tells its user where the weights are."""
+    if not job.checkpoint_epoch:
+        return ""
+    return (f"{sep}the last checkpoint (epoch {job.checkpoint_epoch}) in "
+            f"{checkpoint_dir(orch.home, job.name, job.checkpoint_epoch)}")
 
 
 def cancel(orch, job, wait: float = 120.0):

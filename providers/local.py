@@ -384,27 +384,36 @@ def running(root: Path | str) -> bool:
 
 
 def kill_instance(root: Path, instance_id: str, timeout: float = 5.0) -> None:
-    """End sshd and every process of the instance; SIGTERM first, SIGKILL after ``timeout``."""
-    victims = set(instance_pids(instance_id))
+    """End every process of the instance, then its sshd; SIGTERM first, SIGKILL after ``timeout``.
+    sshd goes last because ``running()`` (this provider's status) is sshd alive: as on a cloud, an
+    instance is reported stopped only once nothing of it runs, and a start never meets a process
+    of the stop before it still dying."""
+    _end(lambda: set(instance_pids(instance_id)), timeout)
     pid = sshd_pid(root)
-    if pid:
-        victims.add(pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in victims:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            victims = {p for p in victims if alive(p)}
-            if not victims:
-                break
-            time.sleep(0.05)
-        victims |= set(instance_pids(instance_id))
-        if not victims:
-            break
+    if pid:  # with it, what a session it accepted meanwhile started
+        _end(lambda: {pid} | set(instance_pids(instance_id)), timeout)
     (root / "sshd.pid").unlink(missing_ok=True)
+
+
+def _end(victims, timeout: float) -> None:
+    """SIGTERM what ``victims()`` names and wait up to ``timeout``; then SIGKILL until none is
+    left (up to ``timeout`` again). Asked again each round: a child born meanwhile (a loop's
+    ``sleep``, which inherits an ignored SIGTERM) is ended too."""
+    found = {p for p in victims() if alive(p)}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + timeout
+        sent = set()
+        while found and time.monotonic() < deadline:
+            for p in found - sent if sig == signal.SIGTERM else found:
+                try:
+                    os.kill(p, sig)
+                except ProcessLookupError:
+                    pass
+            sent |= found
+            time.sleep(0.05)
+            found = {p for p in found | victims() if alive(p)}
+        if not found:
+            return
 
 
 def alive(pid: int) -> bool:

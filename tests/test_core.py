@@ -54,6 +54,38 @@ def test_local_lifecycle_end_to_end(orch_home):
     assert {e["actor"] for e in detail["events"]} == {"cli"}
 
 
+def test_a_stopping_local_instance_is_reported_stopped_only_once_nothing_of_it_runs(orch_home):
+    """As a cloud says 'stopped' only after the machine is down: a process of the instance that
+    ignores SIGTERM (killed after the grace) keeps it reported running, so a watchdog's stop seen
+    from outside, or a start right after, never meets a process of the stop still dying."""
+    import threading
+
+    from orchestrator import config
+    from orchestrator.ledger import new_id
+    from orchestrator.provider import Request, Status, label_for
+
+    prov = sshd.LocalProvider({}, orch_home)
+    iid = new_id()
+    pid = prov.create(Request(name="slowstop", cpu=True), label_for(iid, "slowstop"), config.ssh_key()[1]).provider_id
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; done"],
+                                env={"PATH": "/usr/bin:/bin", "ORCH_INSTANCE_ID": iid}, stdout=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    try:
+        assert stubborn.stdout.readline().strip() == "up" and sshd.instance_pids(iid)
+        stop = threading.Thread(target=prov.stop, args=(pid,))
+        stop.start()
+        seen = []
+        while stop.is_alive():
+            seen.append((prov.get(pid).status, bool(sshd.instance_pids(iid))))
+        stop.join()
+        assert (Status.STOPPED, True) not in seen, [k for i, k in enumerate(seen) if i == 0 or seen[i - 1] != k]
+        assert prov.get(pid).status == Status.STOPPED and sshd.instance_pids(iid) == []
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+        prov.destroy(pid)
+
+
 @needs_torch
 def test_provision_twice_installs_nothing_and_verify_runs_on_cpu(orch_home):
     from orchestrator.lifecycle import Orch
