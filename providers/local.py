@@ -65,9 +65,9 @@ class LocalProvider(Provider):
     def gpus(self) -> list[str]:
         return local_gpus()
 
-    @property
+    @cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        # groups: every instance listens on a loopback address of its own, and 127/8 reaches all of
+        # Built once (frozen; a reaper pass asks for it once per instance). groups: every instance listens on a loopback address of its own, and 127/8 reaches all of
         # them on every port, the way a cloud's private network reaches a group's members.
         return Capabilities(stop=True, spot=False, cpu_only=True, gpu=bool(self.gpus), self_stop=True,
                             self_destroy=True, groups=True)
@@ -85,8 +85,8 @@ class LocalProvider(Provider):
 
     def _meta(self, provider_id: str) -> dict | None:
         try:
-            with open(f"{self._root}/{provider_id}/meta.json") as f:
-                return json.load(f)
+            with open(f"{self._root}/{provider_id}/meta.json", "rb") as f:  # bytes: no text layer per file
+                return json.loads(f.read())
         except FileNotFoundError:
             return None
 
@@ -126,7 +126,10 @@ class LocalProvider(Provider):
         meta = self._meta(provider_id)
         if meta is None:
             return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE)
-        alive = running(f"{self._root}/{provider_id}")
+        # A folder its meta calls stopped has no sshd (stop writes "stopped" after the kill, start
+        # writes "running" before the boot): no pid file to open, which a listing of a large
+        # stopped fleet would do once per instance (bench/fleet.py).
+        alive = meta.get("state") != "stopped" and running(f"{self._root}/{provider_id}")
         return Remote(
             provider_id=provider_id, label=meta["label"], status=Status.RUNNING if alive else Status.STOPPED,
             endpoint=Endpoint(meta["host"], meta["port"], self.ssh_user) if alive else None,
