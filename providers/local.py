@@ -67,8 +67,9 @@ class LocalProvider(Provider):
 
     @cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        # Built once (frozen; a reaper pass asks for it once per instance). groups: every instance listens on a loopback address of its own, and 127/8 reaches all of
-        # them on every port, the way a cloud's private network reaches a group's members.
+        # Built once: it is frozen, and a reaper pass asks for it once per instance. groups: every
+        # instance listens on a loopback address of its own, and 127/8 reaches all of them on every
+        # port, the way a cloud's private network reaches a group's members.
         return Capabilities(stop=True, spot=False, cpu_only=True, gpu=bool(self.gpus), self_stop=True,
                             self_destroy=True, groups=True)
 
