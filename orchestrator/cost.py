@@ -96,15 +96,15 @@ def report(ledger, name: str | None = None, since: datetime | None = None,
     """Every instance's cost (those named ``name``, or the nodes of the group ``name``, if given) and the totals per provider, from the
     ledger read whole (``snapshot``: one query per table, whatever the fleet's size) or from a
     snapshot already read."""
-    from orchestrator import snapshot
+    from orchestrator import ledger_snapshot
 
-    snap = ledger if isinstance(ledger, snapshot.Snapshot) else snapshot.read(ledger, name=name)
+    snap = ledger if isinstance(ledger, ledger_snapshot.Snapshot) else ledger_snapshot.read(ledger, name=name)
     insts = [i for i in snap.instances if name is None or name in (i.name, getattr(i, "group_name", None))]
     if name is not None and not insts:
         raise UsageError(f"no instance named {name!r} in the ledger")
     until = _utc(until or datetime.now(timezone.utc))  # one clock for every instance
     costs = []
-    with snapshot.quiet_gc():  # ten thousand costs and their intervals, no cycle among them
+    with ledger_snapshot.quiet_gc():  # ten thousand costs and their intervals, no cycle among them
         for inst in insts:
             c = instance_cost(inst, snap.events_of(inst.id), snap.runs_of(inst.id), since, until)
             if name is not None or c.running_hours or c.stopped_hours or inst.state in states.LIVE:
@@ -135,12 +135,12 @@ def groups(costs: list[Cost]) -> dict[str, dict]:
 
 
 def show(ledger, name: str | None = None, start: datetime | None = None, as_json: bool = False) -> None:
-    """``orch cost``: the report as plain columns (``views.columns``: Rich's table took seconds
+    """``orch cost``: the report as plain columns (``text.columns``: Rich's table took seconds
     for ten thousand rows) or JSON. Needs no Typer: ``cli.main`` answers ``orch cost`` with it."""
     import json
     import sys
 
-    from orchestrator.views import columns
+    from orchestrator.text import columns
 
     rows, totals = report(ledger, name, start)
     if as_json:

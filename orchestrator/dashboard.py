@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 from orchestrator import config, cost, states
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import clean
-from orchestrator.views import age, iso, model_dict, run_dict
+from orchestrator.views.instances import age, iso, model_dict, run_dict
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 METRICS_MAX_BYTES = 4 << 20  # the tail of metrics.jsonl that is read: a run of any length fits many times

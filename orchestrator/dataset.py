@@ -1,6 +1,6 @@
 """Datasets: check a local YOLO dataset, pack it as one tar, unpack it on the instance, size the disk.
 
-The rule from "Training on a rented GPU" (shared/seeds): stage the dataset once, as a single tar, somewhere every provider reads fast
+The rule from "Training on a rented GPU" (the brief orch was founded on): stage the dataset once, as a single tar, somewhere every provider reads fast
 (a Hugging Face dataset repo), and to size the disk before renting. Everything here runs on the
 controller with the standard library and PyYAML; nothing imports torch. The checks stand alone,
 and ``libreyolo doctor`` adds its own where LibreYOLO happens to be installed.

@@ -7,7 +7,8 @@ gives ranks in joining order, and rank 0 is the one that writes the run). The re
 on rank 0's private address (a port rank 0 itself says is free); each node gives its own address,
 so the group's traffic stays on the private network. LibreYOLO takes ``LOCAL_RANK`` as "launched by torchrun", joins the
 process group (NCCL on GPUs, gloo on CPUs), splits the global ``batch`` over the world and lets
-rank 0 alone write checkpoints, ``status.json`` and ``metrics.jsonl`` (shared/reference/multinode.md).
+rank 0 alone write checkpoints, ``status.json`` and ``metrics.jsonl`` (LibreYOLO 1.6.0's
+``trainer.py`` and ``distributed.py``, read in its wheel).
 
 - The same data on every node: each stages the same packed dataset (in parallel).
 - The Python API (``train_entry.py``'s api mode), because it alone takes ``sync_bn``: SyncBatchNorm
@@ -33,7 +34,7 @@ from orchestrator.text import why as _why
 def launch(orch, nodes: list, spec) -> Any:
     """Stage the data on every node, then start torchrun on every node; returns rank 0's run row."""
     from orchestrator import groups, training
-    from orchestrator.lifecycle import kill_point
+    from orchestrator.kill_points import kill_point
     from playbooks import host, train
 
     size = len(nodes)

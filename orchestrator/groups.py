@@ -27,7 +27,7 @@ from orchestrator import claims, states
 from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.ledger import Instance, new_id
-from orchestrator.provider import Request
+from orchestrator.provider import RentsGroups, Request
 from orchestrator.text import why as _why
 
 MAX_NODES = 64
@@ -66,8 +66,9 @@ def check_batch(batch: int | None, nodes: int, procs_per_node: int, default: int
 
 
 def check_provider(provider, nodes: int, request: Request) -> None:
-    """The provider's own word on a group (a capability it declares, never its name)."""
-    provider.validate_group(nodes, request)
+    """The provider's own word on a group (a feature it implements, never its name)."""
+    if nodes > 1 and not isinstance(provider, RentsGroups):
+        raise UsageError(f"--nodes {nodes}: {provider.name} cannot rent a group of instances ({provider.groups_refused})")
 
 
 # -- the ledger's view of groups -----------------------------------------------------------------
@@ -137,7 +138,8 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
     with claims.hold(orch.ledger, f"group:{name}"):  # a colon: no instance name takes this claim
         _free(orch, name, nodes)
         group = new_id()
-        provider.open_group(group, request)
+        if isinstance(provider, RentsGroups):  # a group of one needs nothing shared
+            provider.open_group(group, request)
 
         def bring(rank: int) -> Instance:
             node = node_name(name, rank)
@@ -151,7 +153,7 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
         errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
         if errors:
             rank, error = min(errors, key=lambda x: x[0])
-            _give_back(orch, group, f"node {rank} of {nodes} could not be had: {_why(error)}")
+            _destroy_group(orch, group, f"node {rank} of {nodes} could not be had: {_why(error)}")
             if isinstance(error, KeyboardInterrupt):
                 raise error
             raise OrchError(f"group {name}: node {rank} of {nodes} ({node_name(name, rank)}) could not be had "
@@ -161,7 +163,7 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
             try:
                 launch(ready)
             except BaseException as e:
-                _give_back(orch, group, f"the launch on the group failed: {_why(e)}")
+                _destroy_group(orch, group, f"the launch on the group failed: {_why(e)}")
                 raise
         return [orch.ledger.get(i.id) for i in ready]
 
@@ -180,7 +182,7 @@ def _free(orch, name: str, nodes: int) -> None:
                              f"{rank} would take that name")
 
 
-def _give_back(orch, group: str, reason: str) -> None:
+def _destroy_group(orch, group: str, reason: str) -> None:
     nodes = _by_id(orch.ledger, group)
     down(orch, nodes, reason)
 
@@ -203,9 +205,10 @@ def down(orch, nodes: list[Instance], reason: str) -> list[Instance]:
         node, error = errors[0]
         raise OrchError(f"could not destroy {node.name} ({_why(error)}): it may bill; `orch down "
                         f"{node.group_name or node.name}` again")
-    if nodes and nodes[0].group_id:
+    provider = orch.provider(nodes[0].provider) if nodes and nodes[0].group_id else None
+    if isinstance(provider, RentsGroups):
         try:
-            orch.provider(nodes[0].provider).close_group(nodes[0].group_id)
+            provider.close_group(nodes[0].group_id)
         except OrchError as e:
             orch.say(f"orch: warning: the group's shared resources at {nodes[0].provider} were not removed "
                      f"({_why(e)}); nothing there bills, `orch reconcile` tries again")

@@ -523,7 +523,7 @@ def _revision(conn) -> str | None:
 
 
 def _memory(inst: Instance) -> dict:
-    from orchestrator.ledger_rows import memory
+    from orchestrator.ledger_sql import memory
 
     return memory(inst)
 

@@ -8,18 +8,17 @@ destroy by its policy) and says which, never leaving it recorded as stopped.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from orchestrator import claims, config, states
+from orchestrator import claims, config, reach, states
 from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
-from orchestrator.provider import Provider, Remote, Request, Status
+from orchestrator.kill_points import kill_point
+from orchestrator.provider import Provider, Remote, Request, Status, Stoppable, can_stop
 from orchestrator.text import why as _why
 
 if TYPE_CHECKING:  # SQLAlchemy and SQLModel load with the ledger, when it is opened (0.3 s)
@@ -29,12 +28,6 @@ NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_DISK_GB = 20_000
 MAX_GPUS = 16
 START_TIMEOUT_MINUTES = 5.0  # how long `orch start` waits for a provider to give the GPU back
-
-
-def kill_point(name: str) -> None:
-    """Test hook: ``ORCH_TEST_KILL_AT=<name>`` SIGKILLs this process here, as a crash would."""
-    if os.environ.get("ORCH_TEST_KILL_AT") == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def check_name(name: str) -> None:
@@ -76,9 +69,9 @@ class LazyLedger:
     def set_meta(self, key: str, value: str) -> None:
         """Unopened, on SQLite: written with the standard library (a reaper pass that changed nothing
         opens no SQLAlchemy); opened, or elsewhere: the ledger's own ``set_meta``."""
-        from orchestrator import ledger_rows
+        from orchestrator import ledger_sql
 
-        if self._opened is None and self.path is not None and ledger_rows.set_meta(self.path, key, value):
+        if self._opened is None and self.path is not None and ledger_sql.set_meta(self.path, key, value):
             return
         self.__getattr__("set_meta")(key, value)
 
@@ -121,6 +114,10 @@ class Orch:
             orch = cls(Ledger(url), home, actor)
         if say:
             orch.say = say
+        from orchestrator import notify, plugins, sshconfig
+
+        for listener in (sshconfig, notify):  # orch's own listeners of every transition
+            plugins.listen(listener)
         for warning in config.warnings(home):
             orch.say(f"orch: warning: {warning}")
         return orch
@@ -136,12 +133,6 @@ class Orch:
                 settings.setdefault("spot_margin", config.get("spot_margin"))
             cache[name] = plugins.provider_class(name)(settings, self.home)
         return cache[name]
-
-    def instance(self, name: str) -> Instance:
-        """The live instance called ``name``; a group's name stands for its head (rank 0)."""
-        from orchestrator import groups
-
-        return groups.resolve(self, name)
 
     def move(self, inst: Instance, to: str, reason: str = "", **fields) -> Instance:
         return self.ledger.transition(inst.id, to, reason=reason, actor=self.actor, **fields)
@@ -184,7 +175,7 @@ class Orch:
             timeout = ssh_timeout or float(config.get("ssh_timeout_minutes", 20)) * 60
             self.say(f"[2/4] waiting for SSH (up to {timeout / 60:.0f} min)")
             kill_point("ssh-wait")
-            remote = provider.wait_ssh(inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
+            remote = reach.wait_ssh(provider, inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
             inst = self._endpoint(inst, provider, remote)
             kill_point("ssh-ready")
             inst = self._prepare(inst, after_verify=after_verify)
@@ -309,7 +300,7 @@ class Orch:
             return None
         try:
             provider = self.provider(inst.provider)
-            found = provider.reachable(provider.get(inst.provider_id))
+            found = reach.reachable(provider.get(inst.provider_id))
         except OrchError:
             return None
         if found is None or (found.endpoint.host, found.endpoint.port) == (inst.ssh_host, inst.ssh_port):
@@ -323,8 +314,8 @@ class Orch:
     @claims.exclusive
     def stop(self, inst: Instance, reason: str = "stopped by the user") -> Instance:
         provider = self.provider(inst.provider)
-        if not provider.capabilities_for(inst.spot).stop:
-            what = "this spot instance" if provider.capabilities.stop else inst.provider
+        if not can_stop(provider, inst.spot):
+            what = "this spot instance" if isinstance(provider, Stoppable) else inst.provider
             raise UsageError(f"stop is not supported by {what}: use `orch down {inst.name}`")
         if inst.state == states.STOPPED:
             return inst
@@ -346,8 +337,10 @@ class Orch:
         provider = self.provider(inst.provider)
         if inst.state == states.READY:
             return inst
-        caps = provider.capabilities_for(inst.spot)
-        if inst.state == states.UNATTENDED and caps.new_host_key_on_start:
+        if not can_stop(provider, inst.spot):
+            raise UsageError(f"start is not supported by {inst.provider}: an instance it cannot stop is never stopped")
+        rekey = provider.new_host_key_on_start
+        if inst.state == states.UNATTENDED and rekey:
             # Its new host key came from a start orch did not ask for: stop it, then start it ourselves.
             inst = self.stop(inst, "stopped to be started by orch (it was running unattended)")
         inst = self.move(inst, states.STARTING, reason,
@@ -358,21 +351,21 @@ class Orch:
             self.move(inst, states.STOPPED, f"start refused: {_why(e)}")
             raise
         except BaseException as e:
-            return self._give_back(inst, provider, f"start failed: {_why(e)}", e)
+            return self._undo_start(inst, provider, f"start failed: {_why(e)}", e)
         wait = timeout if timeout is not None else float(config.get("start_timeout_minutes", START_TIMEOUT_MINUTES)) * 60
         try:
             inst = self._await_running(inst, provider, wait)
             ssh_wait = float(config.get("ssh_timeout_minutes", 20)) * 60
-            remote = provider.wait_ssh(inst.provider_id, ssh_wait, progress=lambda m: self.say(f"      {m}"))
+            remote = reach.wait_ssh(provider, inst.provider_id, ssh_wait, progress=lambda m: self.say(f"      {m}"))
             inst = self._endpoint(self.ledger.get(inst.id), provider, remote)
             price, stopped = provider.prices(remote)
             inst = self.ledger.update(inst.id, price_hr=price or inst.price_hr,
                                       stopped_price_hr=stopped or inst.stopped_price_hr)
-            return self._prepare(inst, started=True, rekey=caps.new_host_key_on_start)
+            return self._prepare(inst, started=True, rekey=rekey)
         except _NoGPU as e:
             raise OrchError(str(e)) from None
         except BaseException as e:
-            return self._give_back(self.ledger.get(inst.id), provider, f"start failed: {_why(e)}", e)
+            return self._undo_start(self.ledger.get(inst.id), provider, f"start failed: {_why(e)}", e)
 
     def _await_running(self, inst: Instance, provider: Provider, wait: float) -> Instance:
         """Until the provider runs it. Waiting for a GPU (scheduling) is recorded and shown; past
@@ -402,7 +395,7 @@ class Orch:
                              "--timeout MINUTES` waits longer, `orch down` gives up its disk")
             time.sleep(provider.poll_seconds)
 
-    def _give_back(self, inst: Instance, provider: Provider, why: str, error: BaseException):
+    def _undo_start(self, inst: Instance, provider: Provider, why: str, error: BaseException):
         """A start failed after the provider may have started it: it may bill. Stop it again (or
         destroy it, by its policy, or where it cannot stop), record which, and raise."""
         from orchestrator import policy
@@ -416,8 +409,7 @@ class Orch:
             if inst.state in (states.STARTING, states.SCHEDULING):
                 self.move(inst, states.STOPPED, why)
             raise error
-        caps = provider.capabilities_for(inst.spot)
-        destroy = policy.of(inst).on_idle == "destroy" or not caps.stop
+        destroy = policy.of(inst).on_idle == "destroy" or not can_stop(provider, inst.spot)
         try:
             if destroy:
                 self._destroy(provider, self.ledger.get(inst.id), f"{why}: destroyed so it does not bill")
@@ -487,4 +479,4 @@ def _fingerprint(line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-__all__ = ["Orch", "check_request", "check_name", "kill_point", "Request"]
+__all__ = ["Orch", "check_request", "check_name", "Request"]

@@ -4,7 +4,9 @@ One contract for every kind of job (a LibreYOLO training, a user's command) and 
 (one machine is a group of one), so `torchrun`, `accelerate launch --num_machines` or a user's script
 read the same names on every provider. Modelled on what users already know: SkyPilot's
 `SKYPILOT_NODE_IPS` (newline-separated, head first), `SKYPILOT_NODE_RANK`, `SKYPILOT_NUM_NODES`,
-`SKYPILOT_NUM_GPUS_PER_NODE`, and dstack's `DSTACK_MASTER_NODE_IP` (shared/reference/multinode.md).
+`SKYPILOT_NUM_GPUS_PER_NODE` (SkyPilot's "Distributed Multi-Node Jobs",
+docs.skypilot.co/en/latest/running-jobs/distributed-jobs.html), and dstack's `DSTACK_MASTER_NODE_IP`
+(dstack's "Tasks", dstack.ai/docs/concepts/tasks, "Distributed tasks").
 
 - ``ORCH_NODE_RANK``      this node's rank, 0 for the head
 - ``ORCH_NUM_NODES``      how many nodes the group has

@@ -83,8 +83,8 @@ class Query:
 
 
 @dataclass
-class Job:
-    """What will be trained: enough to find measurements and to size the prior."""
+class Workload:
+    """What a job will train: enough to find measurements and to size the prior."""
 
     model: str
     epochs: int
@@ -177,7 +177,7 @@ def _r(x: float | None, digits: int = 6) -> float | None:
 
 
 # -- asking the providers ----------------------------------------------------------------------
-def check_query(query: Query, job: Job | None = None) -> str:
+def check_query(query: Query, job: Workload | None = None) -> str:
     """The query's own checks (before anything is opened); returns the sort it ranks by."""
     if query.mode not in MODES:
         raise UsageError(f"mode must be one of {', '.join(MODES)}, not {query.mode!r}")
@@ -189,7 +189,7 @@ def check_query(query: Query, job: Job | None = None) -> str:
     return sort
 
 
-def search(orch, query: Query, job: Job | None = None, fresh: bool = False) -> Answer:
+def search(orch, query: Query, job: Workload | None = None, fresh: bool = False) -> Answer:
     """Every asked provider's offers, normalised, filtered, estimated and ranked."""
     from orchestrator import config, plugins
 
@@ -369,7 +369,7 @@ def _same_data(recorded: str | None, wanted: str | None) -> bool:
     return Path(recorded).expanduser().resolve() == Path(wanted).expanduser().resolve()
 
 
-def measurements(ledger, job: Job) -> list[Measurement]:
+def measurements(ledger, job: Workload) -> list[Measurement]:
     """What the ledger knows about this model's epoch time on GPUs, at this image size."""
     instances = {i.id: i for i in ledger.instances()}
     found = []
@@ -398,7 +398,7 @@ def speedup(n: int) -> float:
     return 1 + DDP_EFFICIENCY * (max(n, 1) - 1)
 
 
-def estimate(job: Job, gpu: str, n: int, known: list[Measurement]) -> Estimate | None:
+def estimate(job: Workload, gpu: str, n: int, known: list[Measurement]) -> Estimate | None:
     """Seconds per epoch of ``job`` on ``n`` x ``gpu``, from the most trusted source there is."""
 
     def on_n(m: Measurement) -> float:
@@ -477,9 +477,9 @@ def prior_seconds_per_image(model: str, imgsz: int | None) -> float:
     return math.sqrt(params_m / PRIOR_PARAMS_M) * size * size / PRIOR_IMAGES_PER_SECOND
 
 
-def job_for(model: str, epochs: int, data: str | None = None, dataset_gb: float | None = None,
-            imgsz: int | None = None, data_bytes: int | None = None) -> Job:
-    """A Job from what the user typed; a local dataset is counted (not packed, not doctored)."""
+def workload_for(model: str, epochs: int, data: str | None = None, dataset_gb: float | None = None,
+                 imgsz: int | None = None, data_bytes: int | None = None) -> Workload:
+    """A Workload from what the user typed; a local dataset is counted (not packed, not doctored)."""
     if not 1 <= epochs <= 100_000:
         raise UsageError(f"--epochs must be between 1 and 100000, not {epochs}")
     if dataset_gb is not None and not dataset_gb > 0:
@@ -494,7 +494,7 @@ def job_for(model: str, epochs: int, data: str | None = None, dataset_gb: float 
         data_bytes = int(dataset_gb * 1e9)
     if not data and not data_bytes:
         raise UsageError("a job estimate needs the dataset: --data PATH (or hf://...) or --dataset-gb X")
-    return Job(model=model, epochs=epochs, data=data, data_bytes=data_bytes, images=images, imgsz=imgsz)
+    return Workload(model=model, epochs=epochs, data=data, data_bytes=data_bytes, images=images, imgsz=imgsz)
 
 
 # -- launching the winner ----------------------------------------------------------------------
@@ -511,8 +511,6 @@ def describe(row: Row, mode: str) -> str:
 
 def pick_cheapest(orch, request: Request, spec, providers=None) -> tuple[str, Request]:
     """The offer cheapest per job (per hour without one), asked live; the request to rent it."""
-    from orchestrator import config
-
     if request.cpu:
         raise UsageError("--cheapest picks among GPU offers: drop --cpu")
     if request.offer:
@@ -520,7 +518,7 @@ def pick_cheapest(orch, request: Request, spec, providers=None) -> tuple[str, Re
     mode = "spot" if request.spot else "on-demand"
     job = None
     if spec is not None:
-        job = job_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz, data_bytes=spec.data_bytes)
+        job = workload_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz, data_bytes=spec.data_bytes)
     query = Query(gpu=request.gpu, gpus=request.gpus, mode=mode, disk_gb=request.disk_gb, providers=providers)
     answer = search(orch, query, job, fresh=True)
     for name, error in answer.errors:
@@ -529,10 +527,19 @@ def pick_cheapest(orch, request: Request, spec, providers=None) -> tuple[str, Re
         raise NoCapacity(f"no {mode} offer for {request.gpus}x {request.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}")
     best = answer.rows[0]
-    bid = request.bid
-    if request.spot and bid is None and best.offer.min_bid_per_gpu:
-        bid = bid_with_margin(best.offer.min_bid_per_gpu, float(config.get("spot_margin", DEFAULT_SPOT_MARGIN)))
-    orch.say(f"cheapest: {describe(best, mode)}" + (f", bid {bid:.3f}" if request.spot and bid else ""))
-    chosen = replace(request, gpu=best.offer.gpu_name, gpus=best.offer.gpus, offer=best.offer.offer_id, bid=bid)
+    chosen = renting(request, best)
+    orch.say(f"cheapest: {describe(best, mode)}" + (f", bid {chosen.bid:.3f}" if request.spot and chosen.bid else ""))
     return best.offer.provider, chosen
+
+
+def renting(request: Request, row: Row) -> Request:
+    """The request that rents ``row``'s offer as it was listed (its quote: the create asks for no
+    second listing), with the spot bid: the user's, else the live minimum plus ``spot_margin``."""
+    from orchestrator import config
+
+    bid = request.bid
+    if request.spot and bid is None and row.offer.min_bid_per_gpu:
+        bid = bid_with_margin(row.offer.min_bid_per_gpu, float(config.get("spot_margin", DEFAULT_SPOT_MARGIN)))
+    return replace(request, gpu=row.offer.gpu_name, gpus=row.offer.gpus, offer=row.offer.offer_id, bid=bid,
+                   quote=row.offer)
 

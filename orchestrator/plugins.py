@@ -13,6 +13,7 @@ from orchestrator.errors import UsageError
 ENTRY_POINT_GROUP = "orch.providers"
 
 _pm: pluggy.PluginManager | None = None
+_listeners: dict[str, object] = {}  # orch's own listeners, registered with the manager when it is made
 
 
 def manager() -> pluggy.PluginManager:
@@ -20,10 +21,8 @@ def manager() -> pluggy.PluginManager:
     if _pm is None:
         pm = pluggy.PluginManager("orch")
         pm.add_hookspecs(hookspecs)
-        from orchestrator import notify, sshconfig
-
-        for builtin in (sshconfig, notify):  # built-in listeners of instance_event
-            pm.register(builtin, name=f"orch.{builtin.__name__.rsplit('.', 1)[-1]}")
+        for name, module in _listeners.items():
+            pm.register(module, name=name)
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if pm.get_plugin(ep.name) is not None:
                 continue
@@ -66,6 +65,16 @@ def default_provider() -> str:
 
     name = config.get("default_provider")
     return embedded() if name is None else name  # a name given, even a wrong one, is checked where it is used
+
+
+def listen(module) -> None:
+    """Register one of orch's own listeners of ``instance_event`` (once): whoever opens orch for a
+    command (``lifecycle.Orch.open``) says which, so this registry names no module above it. The
+    plugins are not looked up for it: a command that never needs them never pays for them."""
+    name = f"orch.{module.__name__.rsplit('.', 1)[-1]}"
+    _listeners.setdefault(name, module)
+    if _pm is not None and _pm.get_plugin(name) is None:
+        _pm.register(module, name=name)
 
 
 def broadcast(instance, event) -> None:

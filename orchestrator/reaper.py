@@ -19,7 +19,8 @@ from typing import Callable
 
 from orchestrator import parallel as par
 from orchestrator import policy as policies
-from orchestrator import ledger_rows, rules, snapshot, states, watchdog
+from orchestrator import ledger_sql, rules, states, watchdog
+from orchestrator import ledger_snapshot
 from orchestrator.errors import OrchError, SSHError
 from orchestrator.provider import Status
 from orchestrator.rules import DESTROY, KEEP, REPORT, STOP, Decision, Observed  # noqa: F401  (the reaper's words)
@@ -168,21 +169,21 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
     with _PassLock(orch.home):
         if not dry_run:
             outcomes += _reconcile(orch, listings)  # first: what failed creates left, rows a failure left half-way
-        fleet = snapshot.read(orch.ledger, live_only=True)  # rows, events and runs: one query per table
+        fleet = ledger_snapshot.read(orch.ledger, live_only=True)  # rows, events and runs: one query per table
         live = fleet.instances
         for provider_name in sorted({i.provider for i in live}):
             group = [i for i in live if i.provider == provider_name]
             try:
                 listing = listings.get(provider_name)
                 if listing is None:  # reconcile did not list it (a dry run; a provider reconcile could not ask)
-                    with snapshot.quiet_gc():
+                    with ledger_snapshot.quiet_gc():
                         listing = {r.provider_id: r for r in orch.provider(provider_name).list()}
             except Exception as e:  # noqa: BLE001 - a failed listing is never read as "nothing there"
                 outcomes += [Outcome(i.name, i.provider, i.state, "skip",
                                      f"{provider_name} listing failed ({_why(e)}): left alone", instance_id=i.id)
                              for i in group]
                 continue
-            with snapshot.quiet_gc():  # thousands of rows, decisions and outcomes, no cycle among them
+            with ledger_snapshot.quiet_gc():  # thousands of rows, decisions and outcomes, no cycle among them
                 outcomes += _group(orch, group, listing, fleet, dry_run, force, clock, bound)
         if after is not None and not dry_run:
             after()
@@ -190,7 +191,7 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
             summary = {"at": utcnow().isoformat(), "seconds": round(time.monotonic() - started, 2),
                        "outcomes": [o.to_dict() for o in outcomes]}
             orch.ledger.set_meta(LAST_PASS, json.dumps(summary))
-    snapshot.release_gc()  # the pass's rows go back to the collector (see ``snapshot.quiet_gc``)
+    ledger_snapshot.release_gc()  # the pass's rows go back to the collector (see ``ledger_snapshot.quiet_gc``)
     return outcomes
 
 
@@ -203,7 +204,7 @@ def _reconcile(orch, listings: dict) -> list[Outcome]:
     from orchestrator import reconcile
 
     try:
-        with snapshot.quiet_gc():  # its listing is the pass's: thousands of remotes, no cycle among them
+        with ledger_snapshot.quiet_gc():  # its listing is the pass's: thousands of remotes, no cycle among them
             report = reconcile.reconcile(orch, unsettled_only=True, listings=listings)  # the pass syncs the rest
     except Exception as e:  # noqa: BLE001 - the pass goes on: reconcile's trouble is no reason to stop reaping
         orch.say(f"reconcile failed: {_why(e)}")
@@ -335,7 +336,7 @@ def _look_ready(orch, inst, run, dry_run: bool):
         obs, probe = look(orch, inst, run, writes=not dry_run)
     except SSHError as e:
         return Observed(reachable=False, error=_why(e)), run
-    seen_busy = ledger_rows.memory(inst).get("busy_seen_at")  # the row read at the pass's start: no query
+    seen_busy = ledger_sql.memory(inst).get("busy_seen_at")  # the row read at the pass's start: no query
     if isinstance(seen_busy, str):
         try:
             obs = replace(obs, last_active_at=max(t for t in (obs.last_active_at,
@@ -363,7 +364,7 @@ def _look_ready(orch, inst, run, dry_run: bool):
 def _note_if_changed(orch, inst, d: Decision, acted: bool = False) -> None:
     """A decision is an event when it differs from the last one (not every pass's 'still idle')."""
     now_key = f"{d.action}:{d.kind}"
-    if ledger_rows.memory(inst).get("decision") == now_key:  # the row as the pass read it: no query
+    if ledger_sql.memory(inst).get("decision") == now_key:  # the row as the pass read it: no query
         return
     orch.ledger.remember(inst.id, decision=now_key)
     if not acted:  # an action is already an event: the transition carries its reason
@@ -371,9 +372,9 @@ def _note_if_changed(orch, inst, d: Decision, acted: bool = False) -> None:
 
 
 def table(outcomes: list[Outcome], dry_run: bool) -> str:
-    """What ``orch reap`` prints: plain columns (``views.columns``; a pass may report on thousands
+    """What ``orch reap`` prints: plain columns (``text.columns``; a pass may report on thousands
     of instances, and Rich's table took seconds for them), then what acting saves."""
-    from orchestrator.views import columns
+    from orchestrator.text import columns
 
     if not outcomes:
         return "no live instances\n"
@@ -393,46 +394,8 @@ def table(outcomes: list[Outcome], dry_run: bool) -> str:
     return text
 
 
-def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | None = None) -> tuple[list, list]:
-    """One pass as ``orch reap`` runs it: (its outcomes, every job advanced at its end, under its lock;
-    a real pass only: a dry run neither advances jobs nor imports them)."""
-    advanced: list[dict] = []
-
-    def advance_jobs() -> None:
-        from orchestrator import jobs
-
-        advanced.extend(jobs.advance_all(orch))
-
-    return reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
-
-
-def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> None:
-    """A pass as ``orch reap`` prints it: the table (or JSON), then each job it advanced."""
-    import json
-    import sys
-
-    if as_json:
-        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True, default=str))
-        return
-    sys.stdout.write(table(outcomes, dry_run))
-    for j in advanced:
-        print(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""), flush=True)
-
-
-def fast(dry_run: bool, as_json: bool) -> None:
-    """``orch reap [--dry-run] [--json]`` (one pass, what a schedule runs) as ``cli.main`` answers it,
-    without Typer (0.2 s of start-up, pydantic included): the pass opens the ledger lazily, and one
-    that changes nothing never imports SQLAlchemy."""
-    import sys
-
-    from orchestrator.lifecycle import Orch
-
-    orch = Orch.open(actor=ACTOR, say=lambda msg: print(msg, file=sys.stderr, flush=True), lazy=True)
-    show_pass(*one_pass(orch, dry_run=dry_run), dry_run, as_json)
-
-
 def last_pass(ledger) -> dict | None:
     return ledger.get_json_meta(LAST_PASS)
 
 
-__all__ = ["Outcome", "act", "look", "reap", "one_pass", "show_pass", "table", "last_pass", "ACTOR"]
+__all__ = ["Outcome", "act", "look", "reap", "table", "last_pass", "ACTOR"]

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Iterable
 
-from orchestrator import claims, states
+from orchestrator import claims, reach, states
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.provider import Provider, Remote, Status, parse_label
 from orchestrator.sync import sync
@@ -126,9 +126,9 @@ def _live(orch, provider: str | None = None) -> list:
     10,000 rows as ORM objects cost seconds a pass; a row to settle is read again under its claim."""
     from types import SimpleNamespace
 
-    from orchestrator import ledger_rows
+    from orchestrator import ledger_sql
 
-    return [SimpleNamespace(**r) for r in ledger_rows.live(_COLUMNS, orch.ledger.url)
+    return [SimpleNamespace(**r) for r in ledger_sql.live(_COLUMNS, orch.ledger.url)
             if provider in (None, r["provider"])]
 
 
@@ -247,7 +247,7 @@ def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None
         remote = provider.get(remote.provider_id)  # the listing may be minutes old by now
         if remote.status == Status.GONE:
             return
-        remote = provider.reachable(remote) or remote  # the route that answers (Vast.ai's proxy, say)
+        remote = reach.reachable(remote) or remote  # the route that answers (Vast.ai's proxy, say)
         earlier = ledger.get(label_id)
         iid = label_id if earlier is None else new_id()
         name = label_name
@@ -301,11 +301,11 @@ def leftover(orch, name: str, provider_name: str, request):
     return inst
 
 
-def forget(orch, name: str):
+def forget(orch, inst):
     """``orch forget NAME``: close the live row of an instance that its provider confirms gone (asked
     by id, or by its label when the create never said one), for a row no pass could settle. Refused
     (UsageError, nothing changed) while the provider shows it, or when it cannot be asked."""
-    inst = orch.instance(name)
+    name = inst.name
     with claims.hold(orch.ledger, inst.name):  # no orch process is working on it meanwhile
         inst = orch.ledger.get(inst.id)
         if inst.state not in states.LIVE:

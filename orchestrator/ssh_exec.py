@@ -3,7 +3,7 @@
 Both ways in build ssh's command line here. The full CLI (Typer, SQLAlchemy, the ledger's models)
 costs seconds before ssh starts: 3 to 7 s on a busy 2-core machine, most of `orch ssh NAME --
 true`. So ``fast`` answers the plain forms with the standard library alone: the row read with
-``ledger_rows``, orch's key, ssh exec'd. Whatever it cannot settle alone (no such name, a key not
+``ledger_sql``, orch's key, ssh exec'd. Whatever it cannot settle alone (no such name, a key not
 pinned yet, another form of the command) it leaves to the full CLI, which says it properly.
 """
 
@@ -38,12 +38,12 @@ def fast(args: list[str]) -> None:
         return
     name, command = args[1], args[3:]
     try:
-        from orchestrator import ledger_rows
+        from orchestrator import ledger_sql
 
         home = config.home()
         if not home.is_dir() or config.warnings(home):
             return  # the full CLI says what is wrong with orch's home
-        rows = [r for r in ledger_rows.live(COLUMNS) if r["name"] == name]
+        rows = [r for r in ledger_sql.live(COLUMNS) if r["name"] == name]
     except Exception:  # noqa: BLE001 - whatever it was, the full CLI says it properly
         return
     if len(rows) != 1 or not rows[0]["ssh_host"] or not rows[0]["ssh_port"] or not rows[0]["host_key"]:

@@ -22,7 +22,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from orchestrator import config, ledger_rows
+from orchestrator import config, ledger_sql
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.hookspecs import hookimpl
 from orchestrator.remote import USER, host_id
@@ -126,7 +126,7 @@ def write() -> tuple[Path, list[str], list[str]]:
     lock = os.open(home / ".ssh_config.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        rows = ledger_rows.live(("name", "state", "provider", "ssh_host", "ssh_port", "ssh_user", "host_key"))
+        rows = ledger_sql.live(("name", "state", "provider", "ssh_host", "ssh_port", "ssh_user", "host_key"))
         text, known, skipped = render(rows)
         _replace(known_hosts_path(), known)  # the keys first: a host is never listed before its key
         _replace(path(), text)

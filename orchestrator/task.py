@@ -1,6 +1,8 @@
 """A task file (``orch run -f task.yaml``): what to run, where, and what comes home, in one YAML file.
 
-Modelled on what SkyPilot's and dstack's users already write (shared/reference/task-files.md):
+Modelled on what SkyPilot's and dstack's users already write (SkyPilot's "YAML Configuration
+Specification", docs.skypilot.co/en/latest/reference/yaml-spec.html; dstack's ``type: task``
+reference, dstack.ai/docs/reference/dstack.yml/task):
 ``resources``, ``setup`` once per instance, ``run`` detached, ``env``/``secrets``, a ``workdir``
 uploaded, ``outputs`` home, and a ``checkpoint`` folder that orch itself carries across a lost
 machine. ``train:`` instead of ``run:`` is today's LibreYOLO job. The README's "Task files" section

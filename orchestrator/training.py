@@ -202,7 +202,7 @@ def hub_env() -> dict[str, str]:
 # -- launch ------------------------------------------------------------------------------------
 def launch(orch, inst, spec: TrainSpec) -> Any:
     """Stage the data and start training on a ready instance; returns the ledger's run row."""
-    from orchestrator.lifecycle import kill_point
+    from orchestrator.kill_points import kill_point
     from playbooks import host, train
 
     run = orch.ledger.latest_run(inst.id) if spec.resume else None
@@ -252,9 +252,9 @@ def _ensure_checkpoint(orch, inst, c, run_dir: str, epochs: int) -> None:
         local = pulled_dir(orch, inst.name) / "weights" / "last.pt"
         if not local.exists():
             raise OrchError(f"nothing to resume: no last.pt on the instance nor in {local.parent}")
-        from orchestrator import checkpoints, remote
+        from orchestrator import checkpoint_vet, remote
 
-        _, unsafe = checkpoints.vet(local)  # checked here before it goes anywhere
+        _, unsafe = checkpoint_vet.vet(local)  # checked here before it goes anywhere
         if unsafe:
             raise OrchError(f"not resuming: {unsafe}")
         remote.run(c, f"mkdir -p {_q(run_dir + '/weights')}")

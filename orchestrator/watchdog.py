@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator import policy as policies
 from orchestrator import rules
+from orchestrator.provider import features
 from orchestrator.errors import OrchError, SSHError
 from orchestrator.text import why as _why
 
@@ -28,22 +29,11 @@ def enabled() -> bool:
     return os.environ.get("ORCH_WATCHDOG", "on").lower() not in ("0", "off", "no", "false")
 
 
-def self_stop_commands(provider, inst) -> dict[str, str]:
-    """The shell commands with which the instance stops / destroys itself, as its provider gives them."""
-    caps = provider.capabilities_for(inst.spot)
-    commands = {}
-    for verb, can in (("stop", caps.self_stop and caps.stop), ("destroy", caps.self_destroy)):
-        command = provider.self_stop_command(inst.provider_id, destroy=verb == "destroy") if can else None
-        if command:
-            commands[verb] = command
-    return commands
-
-
 def history(orch, inst, run=None, fleet=None) -> rules.Facts:
     """The rules' facts for ``inst``, from the ledger, or from ``fleet`` (a ``snapshot`` of it
     already read: the reaper's pass reads the whole fleet's events and runs in one query each)."""
     try:
-        can_stop = orch.provider(inst.provider).capabilities_for(inst.spot).stop
+        can_stop = features.can_stop(orch.provider(inst.provider), inst.spot)
     except OrchError:
         can_stop = False
     rows = fleet if fleet is not None else orch.ledger
@@ -73,7 +63,7 @@ def arm(orch, inst) -> bool:
     from playbooks import host
 
     try:
-        commands = self_stop_commands(orch.provider(inst.provider), inst)
+        commands = features.self_end_commands(orch.provider(inst.provider), inst.provider_id, inst.spot)
         with orch.connect(inst) as c:
             work = host.workdir(c)
             script = host.upload(c, "watchdog.py")

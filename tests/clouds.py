@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import reach
 from orchestrator import states
 from tests.conftest import ROOT
 from tests.fakes.runpod_api import FakeRunPod
@@ -92,7 +93,7 @@ def arrange(orch, name: str, provider_name: str = "local", **request):
     remote = provider.create(req, inst.label, config.ssh_key()[1])
     inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
                      price_hr=provider.prices(remote)[0])
-    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    inst = orch._endpoint(inst, provider, reach.wait_ssh(provider, remote.provider_id, 60, interval=0.1))
     return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
 
 

@@ -1,24 +1,34 @@
-"""The layout a newcomer relies on: imports in orchestrator/ only point down (no cycle, lazy
-imports included), the core names no provider, and nothing a fake serves comes from orch."""
+"""The layout a newcomer relies on, held by a test: ARCHITECTURE.md's layer list is read here, every
+module of orchestrator/, providers/ and playbooks/ must have its place in it, and an import (at
+the top or inside a function) may only point to its own layer or one below. The core names no
+provider, no provider imports the job engine, and nothing a fake serves comes from orch."""
+
+from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("orchestrator", "providers", "playbooks")
 CORE = ROOT / "orchestrator"
-PROVIDER_NAMES = {p.stem for p in (ROOT / "providers").glob("*.py") if p.stem != "__init__"} | {"runpod", "vastai"}
+PROVIDER_NAMES = {p.name for p in (ROOT / "providers").iterdir() if (p / "__init__.py").is_file()} | {"runpod", "vastai"}
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = list(rel.parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
 def imports(path: Path) -> set[str]:
-    """Every module of the project this file imports, at the top or inside a function."""
+    """Every module this file imports, at the top or inside a function (``from X import y`` counts
+    X, and X.y where that is a module)."""
     tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
@@ -30,22 +40,107 @@ def imports(path: Path) -> set[str]:
     return found
 
 
-def core_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in CORE.rglob("*.py")}
-    graph = {}
-    for name, path in modules.items():
-        graph[name] = {m for m in imports(path) if m in modules and m != name and m != "orchestrator"}
-    return graph
+def graph() -> dict[str, set[str]]:
+    """module -> the project's modules it imports (a package's own __init__ left out: importing
+    ``orchestrator.jobs.spec`` runs ``orchestrator/jobs/__init__``, which is no choice of the importer)."""
+    mods = modules()
+    out = {}
+    for name, path in mods.items():
+        out[name] = {m for m in imports(path) if m in mods and m != name and not name.startswith(m + ".")}
+    return out
 
 
-def test_the_core_import_graph_has_no_cycle():
-    graph = core_graph()
+# -- ARCHITECTURE.md's layers ----------------------------------------------------------------------
+def layers(text: str | None = None) -> list[list[str]]:
+    """The patterns of each layer, bottom first: the numbered lines between the layer markers, each
+    naming its modules in backticks (``pkg.*``: the package and everything under it)."""
+    text = text if text is not None else (ROOT / "ARCHITECTURE.md").read_text()
+    block = re.search(r"<!-- layers -->(.*?)<!-- /layers -->", text, re.S)
+    assert block, "ARCHITECTURE.md has no <!-- layers --> ... <!-- /layers --> list"
+    found = []
+    for line in block.group(1).splitlines():
+        if re.match(r"\s*\d+\.\s", line):
+            found.append(re.findall(r"`((?:orchestrator|providers|playbooks)[A-Za-z0-9_.]*(?:\.\*)?)`", line))
+    return found
+
+
+def layer_of(module: str, patterns: list[list[str]]) -> int | None:
+    """The layer whose most specific pattern names ``module`` (an exact name beats any ``.*``)."""
+    best, rank = None, -1
+    for i, layer in enumerate(patterns):
+        for p in layer:
+            if p == module:
+                score = 10_000
+            elif p.endswith(".*") and (module == p[:-2] or module.startswith(p[:-1])):
+                score = len(p)
+            else:
+                continue
+            if score > rank:
+                best, rank = i, score
+    return best
+
+
+def upward(edges: dict[str, set[str]], patterns: list[list[str]]) -> list[str]:
+    """Every import that points to a higher layer than its importer's."""
+    found = []
+    for module, targets in sorted(edges.items()):
+        here = layer_of(module, patterns)
+        for target in sorted(targets):
+            there = layer_of(target, patterns)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module} (layer {here + 1}) imports {target} (layer {there + 1})")
+    return found
+
+
+def test_every_module_has_its_place_in_architecture_md():
+    patterns = layers()
+    assert len(patterns) >= 5, patterns
+    missing = [m for m in sorted(modules()) if layer_of(m, patterns) is None]
+    assert missing == [], f"modules ARCHITECTURE.md's layer list does not place: {missing}"
+    named = [p for layer in patterns for p in layer if not p.endswith(".*")]
+    assert [p for p in named if p not in modules()] == [], "the layer list names modules that do not exist"
+
+
+def test_imports_only_point_down_the_layers():
+    assert upward(graph(), layers()) == []
+
+
+def test_an_upward_import_fails_the_layer_check():
+    """The check can fail: the ledger importing the export, or the local provider the job engine."""
+    edges = graph()
+    patterns = layers()
+    for module, target in (("orchestrator.ledger", "orchestrator.export"),
+                           ("providers.local.compute", "orchestrator.jobs"),
+                           ("orchestrator.lifecycle", "orchestrator.groups")):
+        bad = {k: set(v) for k, v in edges.items()}
+        bad[module].add(target)
+        assert [line for line in upward(bad, patterns) if line.startswith(module + " ")] != [], (module, target)
+
+
+def test_no_provider_imports_the_job_engine():
+    offenders = [f"{m} imports {t}" for m, targets in graph().items() if m.startswith("providers")
+                 for t in targets if t == "orchestrator.jobs" or t.startswith("orchestrator.jobs.")]
+    assert offenders == []
+
+
+def test_the_layer_list_is_read_as_written():
+    text = ("<!-- layers -->\n1. **low** — `orchestrator.a`, `orchestrator.pkg.*`\n"
+            "2. **high** — `orchestrator.b`, `orchestrator.pkg.top`\n<!-- /layers -->")
+    patterns = layers(text)
+    assert patterns == [["orchestrator.a", "orchestrator.pkg.*"], ["orchestrator.b", "orchestrator.pkg.top"]]
+    assert layer_of("orchestrator.pkg.low", patterns) == 0 and layer_of("orchestrator.pkg.top", patterns) == 1
+    assert upward({"orchestrator.a": {"orchestrator.b"}}, patterns) != []
+    assert upward({"orchestrator.b": {"orchestrator.a"}}, patterns) == []
+
+
+def test_the_import_graph_has_no_cycle():
+    edges = graph()
     state, stack = {}, []
 
     def visit(node):
         state[node] = "open"
         stack.append(node)
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(edges[node]):
             if state.get(nxt) == "open":
                 cycle = stack[stack.index(nxt):] + [nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
@@ -54,7 +149,7 @@ def test_the_core_import_graph_has_no_cycle():
         stack.pop()
         state[node] = "done"
 
-    for node in sorted(graph):
+    for node in sorted(edges):
         if node not in state:
             visit(node)
 
@@ -83,5 +178,19 @@ def test_no_core_module_names_a_provider():
 
 def test_fakes_import_nothing_from_the_code_they_test():
     for path in (ROOT / "tests" / "fakes").glob("*.py"):
-        project = {m.split(".")[0] for m in imports(path)} & {"orchestrator", "providers", "playbooks"}
+        project = {m.split(".")[0] for m in imports(path)} & set(PACKAGES)
         assert not project, f"{path.name} imports {sorted(project)}"
+
+
+def test_the_project_cites_no_document_outside_it():
+    """A comment cites a public source (an address, a doc's title), never a path beside the checkout."""
+    offenders = []
+    tracked = [p for folder in (*PACKAGES, "tests", "bench", "scripts", "examples", "migrations")
+               for p in (ROOT / folder).rglob("*")] + list(ROOT.glob("*"))
+    for path in tracked:
+        if path.suffix not in (".py", ".md", ".toml", ".yaml", ".tmpl") or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if re.search(r"\.\./shared/|shared/(reference|seeds)\b", text):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []

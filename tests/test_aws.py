@@ -10,11 +10,13 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import pytest
 
-from orchestrator import config, states
-from orchestrator.provider import Request, Status, label_for
+from orchestrator import config, reach, states
+from orchestrator.provider import Offer, Request, Status, can_stop, label_for
+from providers.aws.network import ensure_key, ensure_ssh_group
 from tests import netns
 from tests.clouds import configure, legal_path, open_orch, wait_for
 from tests.conftest import ROOT, needs_torch, run_orch
@@ -56,7 +58,7 @@ def arrange(orch, name: str, spot: bool = False, cpu: bool = True, **request):
     remote = provider.create(req, inst.label, config.ssh_key()[1])
     inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
                      price_hr=provider.prices(remote)[0], stopped_price_hr=provider.prices(remote)[1])
-    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    inst = orch._endpoint(inst, provider, reach.wait_ssh(provider, remote.provider_id, 60, interval=0.1))
     return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
 
 
@@ -241,7 +243,7 @@ def test_a_spot_instance_taken_back_by_the_market_is_preempted_not_lost(ec2):
     orch = open_orch()
     inst = arrange(orch, "sp", spot=True)
     provider = orch.provider("aws")
-    assert provider.capabilities_for(True).stop is False
+    assert not can_stop(provider, spot=True) and can_stop(provider, spot=False)
     assert provider.self_stop_command(inst.provider_id, destroy=True) and \
         provider.self_stop_command(inst.provider_id, destroy=False) is None
     m.preempt(inst.provider_id.split("@")[0])
@@ -326,7 +328,7 @@ def test_account_key_is_the_key_pair_orch_imports(ec2):
     provider = open_orch().provider("aws")
     pub = config.ssh_key()[1]
     assert "not imported yet" in provider.account_key(pub)
-    provider._ensure_key("us-east-1", pub)
+    ensure_key(provider.session, "us-east-1", pub)
     assert provider.account_key(pub).startswith("held as EC2 key pair orch-")
 
 
@@ -361,6 +363,62 @@ def test_a_spot_create_sends_no_max_price_and_a_full_zone_gives_way_to_the_next(
         provider.create(Request(name="z2", gpu="A10G", spot=True), label_for("d" * 12, "z2"), config.ssh_key()[1])
 
 
+def test_a_create_with_a_quote_rents_it_as_listed_and_lists_nothing_again(ec2):
+    """Plan once: the offer a plan chose (``Request.quote``) is rented as it was listed, its type,
+    prices and zones by spot price included; neither the types nor the spot market is asked again."""
+    m, _ = ec2
+    provider = open_orch().provider("aws")
+    [spot] = [o for o in provider.offers(Request(name="q", gpu="A10G", spot=True))
+              if o.offer_id == "us-east-1:g5.xlarge"]
+    assert spot.raw["spot_zones"] == {"us-east-1a": 0.42, "us-east-1b": 0.47}, "every zone's price, cheapest first"
+    # As the offers cache keeps it (JSON), and after the listing: a new cheaper zone the quote never saw.
+    spot = Offer(**json.loads(json.dumps(asdict(spot), default=str)))
+    m.spot("g5.xlarge", "us-east-1c", 0.30, minutes_ago=1)
+    m.no_capacity = {"us-east-1a"}
+    listed = len(m.requests("DescribeInstanceTypes")), len(m.requests("DescribeSpotPriceHistory"))
+    assert listed[0] and listed[1]
+    made = provider.create(Request(name="q", gpu="A10G", spot=True, offer=spot.offer_id, quote=spot),
+                           label_for("e" * 12, "q"), config.ssh_key()[1])
+    assert (len(m.requests("DescribeInstanceTypes")), len(m.requests("DescribeSpotPriceHistory"))) == listed
+    assert [r["Placement.AvailabilityZone"] for r in runs(m)] == ["us-east-1a", "us-east-1b"], "the quote's zones"
+    assert runs(m)[-1]["InstanceType"] == "g5.xlarge" and made.gpu_name == "A10G" and made.spot
+    assert made.price_hr == pytest.approx(0.47 + 20 * 0.08 / 730)
+    provider.destroy(made.provider_id)
+
+    [on_demand] = [o for o in provider.offers(Request(name="q", gpu="A10G")) if o.offer_id == "us-east-1:g5.xlarge"]
+    listed = len(m.requests("DescribeInstanceTypes")), len(m.requests("DescribeSpotPriceHistory"))
+    made = provider.create(Request(name="r", gpu="A10G", offer=on_demand.offer_id, quote=on_demand),
+                           label_for("f" * 12, "r"), config.ssh_key()[1])
+    assert (len(m.requests("DescribeInstanceTypes")), len(m.requests("DescribeSpotPriceHistory"))) == listed
+    assert "Placement.AvailabilityZone" not in runs(m)[-1] and runs(m)[-1]["InstanceType"] == "g5.xlarge"
+    assert made.price_hr == pytest.approx(on_demand.price_hr + 20 * 0.08 / 730) and not made.spot
+    provider.destroy(made.provider_id)
+    # Without a quote, the create lists the offers itself, as before.
+    made = provider.create(Request(name="s", gpu="A10G"), label_for("a" * 12, "s"), config.ssh_key()[1])
+    assert len(m.requests("DescribeInstanceTypes")) == listed[0] + 1
+    provider.destroy(made.provider_id)
+    assert m.billing() == []
+
+
+def test_a_destroy_right_after_the_create_terminates_what_ec2_does_not_show_yet(ec2):
+    m, _ = ec2
+    provider = open_orch().provider("aws")
+    made = provider.create(Request(name="v", cpu=True), label_for("9" * 12, "v"), config.ssh_key()[1])
+    iid = made.provider_id.split("@")[0]
+    # EC2's eventual consistency: the lookups right after run_instances do not show it yet.
+    m.fail("DescribeInstances", times=2, code="InvalidInstanceID.NotFound",
+           message=f"The instance ID '{iid}' does not exist")
+    assert provider.get(made.provider_id).status == Status.PENDING, "just made: pending, not gone"
+    provider.destroy(made.provider_id)
+    assert [r["InstanceId.1"] for r in m.requests("TerminateInstances")] == [iid]
+    assert m.billing() == []
+    # Once shown, not shown is gone; and a provider that did not make it gives no grace.
+    for provider in (provider, provider.__class__(dict(SETTINGS))):
+        m.fail("DescribeInstances", code="InvalidInstanceID.NotFound",
+               message=f"The instance ID '{iid}' does not exist")
+        assert provider.get(made.provider_id).status == Status.GONE
+
+
 @pytest.mark.parametrize("code, spot, quota", [
     ("VcpuLimitExceeded", False, 'quota "Running On-Demand G and VT instances" (L-DB2E81BA'),
     ("MaxSpotInstanceCountExceeded", True, 'quota "All G and VT Spot Instance Requests" (L-3819A6DF')])
@@ -384,17 +442,19 @@ def test_an_orch_ssh_group_without_its_rule_gets_it_back(ec2):
     # What a failed authorize (or a rule deleted by hand) leaves: the group, and no port 22.
     gid = ec2c.create_security_group(GroupName="orch-ssh", VpcId=vpc, Description="orch: SSH (port 22) only")["GroupId"]
     provider = open_orch().provider("aws")
-    assert provider._ensure_group("us-east-1") == gid
+    assert ensure_ssh_group(provider.session, "us-east-1") == gid
     [rule] = ec2c.describe_security_groups(GroupIds=[gid])["SecurityGroups"][0]["IpPermissions"]
     assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 22, 22)
     assert [r["CidrIp"] for r in rule["IpRanges"]] == ["0.0.0.0/0"]
-    assert provider._ensure_group("us-east-1") == gid, "the rule is there: nothing to add (no Duplicate error)"
+    again = ensure_ssh_group(provider.session, "us-east-1")
+    assert again == gid, "the rule is there: nothing to add (no Duplicate error)"
     assert len(m.requests("AuthorizeSecurityGroupIngress")) == 1
     # Two orch processes importing the key at once: the second's Duplicate is "look again", not a failure.
     pub = config.ssh_key()[1]
-    name = provider._ensure_key("us-east-1", pub)
+    name = ensure_key(provider.session, "us-east-1", pub)
     m.fail("DescribeKeyPairs", code="InvalidKeyPair.NotFound", message=f"The key pair '{name}' does not exist")
-    assert provider._ensure_key("us-east-1", pub) == name  # its look missed the other's key; its import: Duplicate
+    # Its look missed the other's key; its import: Duplicate.
+    assert ensure_key(provider.session, "us-east-1", pub) == name
     assert m.requests("ImportKeyPair")[-1]["KeyName"] == name and len(m.requests("ImportKeyPair")) == 2
 
 

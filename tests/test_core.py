@@ -117,7 +117,7 @@ def test_gpu_verify_failure_destroys_what_it_created(orch_home):
     class ClaimsGPU(LocalProvider):
         name = "claimsgpu"
         gpus = ["Imaginary GPU"]
-        capabilities = Capabilities(stop=True, cpu_only=True, gpu=True)
+        capabilities = Capabilities(cpu_only=True, gpu=True)
 
     class Plugin:
         @hookimpl

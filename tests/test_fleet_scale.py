@@ -19,7 +19,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orchestrator import snapshot, states
+from orchestrator import ledger_snapshot
+from orchestrator import states
 from tests.conftest import ROOT, needs_torch, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401
 
@@ -65,15 +66,15 @@ def test_the_snapshot_reads_every_row_as_the_ledger_does(backend, request):
     ledger.transition(made[1].id, states.STOPPED)
     ledger.transition(made[1].id, states.DESTROYING)
     ledger.transition(made[1].id, states.DESTROYED)  # ended: in the whole read, not in the live one
-    for columns, model in ((snapshot.DATETIMES, (Instance, Event, Run)), (snapshot.BOOLEANS, (Instance,))):
+    for columns, model in ((ledger_snapshot.DATETIMES, (Instance, Event, Run)), (ledger_snapshot.BOOLEANS, (Instance,))):
         typed = {c.name for m in model for c in m.__table__.columns
-                 if c.type.python_type in ((datetime,) if columns is snapshot.DATETIMES else (bool,))}
+                 if c.type.python_type in ((datetime,) if columns is ledger_snapshot.DATETIMES else (bool,))}
         assert typed <= columns, f"snapshot would hand these back as stored text or integers: {typed - columns}"
     cols = {m: [c.name for c in m.__table__.columns] for m in (Instance, Event, Run)}
     # Both ways of reading it: the standard library's (SQLite at the schema head) and SQLAlchemy's
     # (PostgreSQL, a ledger to migrate).
     for live_only, snap in ((lo, read(ledger, live_only=lo)) for lo in (False, True) for read in
-                            (snapshot.read, lambda led, live_only: snapshot._through(led, live_only, None))):
+                            (ledger_snapshot.read, lambda led, live_only: ledger_snapshot._through(led, live_only, None))):
         assert [i.id for i in snap.instances] == [i.id for i in ledger.instances(live_only=live_only)]
         assert (made[1].id in [i.id for i in snap.instances]) is not live_only
         for inst in snap.instances:
@@ -82,7 +83,7 @@ def test_the_snapshot_reads_every_row_as_the_ledger_does(backend, request):
                    [fields(e, cols[Event]) for e in ledger.events(inst.id)]
             assert [fields(r, cols[Run]) for r in snap.runs_of(inst.id)] == \
                    [fields(r, cols[Run]) for r in ledger.runs(inst.id)]
-    for only in (snapshot.read(ledger, name="f2"), snapshot._through(ledger, False, "f2")):
+    for only in (ledger_snapshot.read(ledger, name="f2"), ledger_snapshot._through(ledger, False, "f2")):
         assert [i.name for i in only.instances] == ["f2"] and set(only.events) == set(only.runs) == {made[2].id}
 
 

@@ -146,7 +146,7 @@ def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # 
     from orchestrator import offers
     from tests.test_offers import search
 
-    job = offers.Job(model="yolo9-t", epochs=10, data="hf://acme/birds/birds.tar", data_bytes=10**9)
+    job = offers.Workload(model="yolo9-t", epochs=10, data="hf://acme/birds/birds.tar", data_bytes=10**9)
     one = search(gpu="RTX 4090", job=job).rows
     two = offers.for_nodes(one, 2, 0.7)
     assert one and len(two) == len(one)

@@ -84,7 +84,7 @@ def test_a_job_on_the_local_provider_brings_the_weights_home_and_leaves_nothing(
 def _job(name) -> dict:
     """The job as `orch jobs show --json` prints it, read in this process (the ledger only): the
     loops below look often, and an `orch` process a look would be most of the suite's CPU."""
-    from orchestrator import job_views
+    from orchestrator.views import jobs as job_views
 
     orch = open_orch()
     return job_views.job_dict(orch, orch.ledger.job(name))

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from orchestrator import reach
 from orchestrator import config, states
 from orchestrator.provider import Request, Status, label_for
 from tests import netns
@@ -43,7 +44,7 @@ def arrange_gpu(orch, name: str, gpu: str = "A10"):
     remote = provider.create(Request(name=name, gpu=gpu), inst.label, config.ssh_key()[1])
     inst = orch.move(inst, states.PROVISIONING, f"created {remote.provider_id}", provider_id=remote.provider_id,
                      price_hr=provider.prices(remote)[0], gpu_name=remote.gpu_name)
-    inst = orch._endpoint(inst, provider, provider.wait_ssh(remote.provider_id, 60, interval=0.1))
+    inst = orch._endpoint(inst, provider, reach.wait_ssh(provider, remote.provider_id, 60, interval=0.1))
     return orch.move(inst, states.READY, "arranged by the test (not provisioned)")
 
 
@@ -162,6 +163,25 @@ def test_a_rate_limited_launch_waits_and_a_taken_region_gives_way_to_the_next(la
     assert fake.live() == []
 
 
+def test_a_quoted_offer_is_launched_as_listed_without_listing_again(lam):
+    """Plan once: the offer a plan chose (``Request.quote``) is launched in the regions it listed, the
+    next one where the first was taken meanwhile, with no second GET /instance-types."""
+    fake, _ = lam
+    provider = open_orch().provider("lambda")
+    [quote] = [o for o in provider.offers(Request(name="q", gpu="A10")) if o.offer_id == "gpu_1x_a10"]
+    listed = len(fake.calls("GET", r"^/instance-types$"))
+    assert listed == 1
+    fake.take_capacity("gpu_1x_a10", "us-east-1")  # taken after the plan looked
+    made = provider.create(Request(name="q", gpu="A10", offer=quote.offer_id, quote=quote),
+                           label_for("c" * 12, "q"), config.ssh_key()[1])
+    assert len(fake.calls("GET", r"^/instance-types$")) == listed, "the quote was listed again"
+    assert [(c.body["region_name"], c.body["instance_type_name"], c.status) for c in launches(fake)] == [
+        ("us-east-1", "gpu_1x_a10", 400), ("us-west-1", "gpu_1x_a10", 200)]
+    assert made.price_hr == pytest.approx(0.75) and fake.instances[made.provider_id]["region"]["name"] == "us-west-1"
+    provider.destroy(made.provider_id)
+    assert fake.live() == []
+
+
 def test_account_key_is_checked_where_lambda_keeps_keys(lam):
     fake, _ = lam
     provider = open_orch().provider("lambda")
@@ -264,7 +284,7 @@ def test_an_ambiguous_launch_is_sent_once_and_its_instance_found_though_not_list
     fake.visibility_lag = 2  # a clean launch whose id GET /instances/{id} does not know yet
     fresh = provider.create(Request(name="new", gpu="A10"), label_for("b" * 12, "new"), config.ssh_key()[1])
     assert fresh.status == Status.PENDING and fresh.price_hr == pytest.approx(0.75), fresh
-    assert provider.wait_ssh(fresh.provider_id, 60, interval=0.05).status == Status.RUNNING
+    assert reach.wait_ssh(provider, fresh.provider_id, 60, interval=0.05).status == Status.RUNNING
     for r in (made, fresh):
         provider.destroy(r.provider_id)
     assert fake.live() == []
@@ -315,7 +335,7 @@ def test_an_unhealthy_instance_gets_one_restart_then_is_given_up(lam, orch_home)
     cured = arrange_gpu(orch, "cured")
     fake.break_host(cured.provider_id)  # unhealthy until something is done about it
     assert provider.get(cured.provider_id).status == Status.PENDING, "unhealthy is not final"
-    assert provider.wait_ssh(cured.provider_id, 30, interval=0.05).status == Status.RUNNING
+    assert reach.wait_ssh(provider, cured.provider_id, 30, interval=0.05).status == Status.RUNNING
     assert len(fake.calls("POST", r"/restart$")) == 1, "one restart, after the grace"
 
     fake.restart_cures = False
@@ -324,7 +344,7 @@ def test_an_unhealthy_instance_gets_one_restart_then_is_given_up(lam, orch_home)
     from orchestrator.errors import SSHError
 
     with pytest.raises(SSHError, match="before and after a restart: given up"):
-        provider.wait_ssh(lost.provider_id, 30, interval=0.05)
+        reach.wait_ssh(provider, lost.provider_id, 30, interval=0.05)
     restarts = [c.body["instance_ids"] for c in fake.calls("POST", r"/restart$")]
     assert restarts == [[cured.provider_id], [lost.provider_id]]
     assert orch.refresh(orch.ledger.get(lost.id)).state == states.BROKEN

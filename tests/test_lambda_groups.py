@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator import config
 from orchestrator.errors import NoCapacity
-from orchestrator.provider import Request, label_for
+from orchestrator.provider import Request, RentsGroups, label_for
 from tests import netns
 from tests.clouds import open_orch
 from tests.fakes.hosts import sshd_available
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not sshd_available(), reason="fake hosts need ro
 def test_a_groups_nodes_launch_in_one_region_or_not_at_all(lam):  # noqa: F811
     fake, _ = lam
     provider = open_orch().provider("lambda")
-    assert provider.capabilities.groups
+    assert isinstance(provider, RentsGroups)
     pub = config.ssh_key()[1]
     req = Request(name="lg", gpu="A10", group="g" * 12, nodes=2)
     provider.open_group(req.group, req)

@@ -218,7 +218,7 @@ def seed_run(ledger, gpu: str, epoch_seconds: float, gpus_n: int = 1, trial: dic
 
 
 def test_a_slower_cheaper_gpu_wins_per_job_once_measured(fakes, ledger):
-    job = offers.Job(model="yolo9-t", epochs=100, data=HF_DATA)
+    job = offers.Workload(model="yolo9-t", epochs=100, data=HF_DATA)
     seed_run(ledger, "NVIDIA GeForce RTX 4090", 60.0)  # 0.3427 $/hr on RunPod: 0.57 $ an epoch-hour
     ranked = search(providers=["runpod"], mode="on-demand", job=job).rows
     by_gpu = {r.gpu: r for r in ranked}
@@ -246,7 +246,7 @@ def test_a_slower_cheaper_gpu_wins_per_job_once_measured(fakes, ledger):
 
 
 def test_estimate_sources_in_order_of_trust(ledger):
-    job = offers.Job(model="yolo9-t", epochs=10, data=HF_DATA, data_bytes=2_000_000_000)
+    job = offers.Workload(model="yolo9-t", epochs=10, data=HF_DATA, data_bytes=2_000_000_000)
     seed_run(ledger, "RTX A6000", 50.0, trial={"epoch_seconds": 50.0, "bound": "GPU"})
     seed_run(ledger, "RTX 4090", 40.0, data="hf://acme/other/o.tar", data_bytes=1_000_000_000)
     known = offers.measurements(ledger, job)
@@ -258,11 +258,11 @@ def test_estimate_sources_in_order_of_trust(ledger):
     two = offers.estimate(job, "RTX A6000", 2, known)
     assert two.epoch_seconds == pytest.approx(50.0 / (1 + offers.DDP_EFFICIENCY)) and "x2" in two.detail
 
-    other = offers.Job(model="yolo9-t", epochs=10, data="hf://acme/new/n.tar", data_bytes=3_000_000_000)
+    other = offers.Workload(model="yolo9-t", epochs=10, data="hf://acme/new/n.tar", data_bytes=3_000_000_000)
     by_size = offers.estimate(other, "RTX 4090", 1, offers.measurements(ledger, other))
     assert by_size.source == "scaled" and by_size.epoch_seconds == pytest.approx(40.0 * 3)  # 3x the data
 
-    fresh = offers.Job(model="yolo9-s", epochs=10, data_bytes=1_500_000_000)  # nothing measured for it
+    fresh = offers.Workload(model="yolo9-s", epochs=10, data_bytes=1_500_000_000)  # nothing measured for it
     prior = offers.estimate(fresh, "RTX 4090", 1, offers.measurements(ledger, fresh))
     assert prior.source == "prior" and "assumed" in prior.detail
     assert prior.epoch_seconds == pytest.approx(10_000 * offers.prior_seconds_per_image("yolo9-s", None))

@@ -400,9 +400,9 @@ def test_failed_listing_leaves_its_instances_untouched(orch_home):
 
 # -- the schedule ---------------------------------------------------------------------------------------
 def test_reaper_schedule_on_this_machine(orch_home):
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
-    backend = schedule.detect()
+    backend = reaper_timer.detect()
     env = {"RUNPOD_API_KEY": "rp-secret-never-on-a-command-line"}
     if backend == "cron":
         saved = subprocess.run(["crontab", "-l"], capture_output=True, text=True).stdout
@@ -429,7 +429,7 @@ def test_reaper_schedule_on_this_machine(orch_home):
         st2 = json.loads(run_orch("reaper", "status", "--json", check=0).stdout)
         assert not st2["installed"]
         if backend == "loop":
-            wait_for(lambda: not schedule._loop_pid_alive(st["pid"]), timeout=15, what="the loop to end")
+            wait_for(lambda: not reaper_timer._loop_pid_alive(st["pid"]), timeout=15, what="the loop to end")
     finally:
         run_orch("reaper", "uninstall")  # nothing scheduled outlives the test, even a failing one
         if backend == "cron":
@@ -437,12 +437,12 @@ def test_reaper_schedule_on_this_machine(orch_home):
 
 
 def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
     orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     monkeypatch.setenv("VAST_API_KEY", "vast-secret")
-    env_file, carried = schedule.write_env(orch_home)
-    line = schedule.cron_line(orch_home, 300, env_file)
+    env_file, carried = reaper_timer.write_env(orch_home)
+    line = reaper_timer.cron_line(orch_home, 300, env_file)
     assert line.startswith("*/5 * * * * ") and str(env_file) in line and "vast-secret" not in line
     assert "VAST_API_KEY" in carried and "vast-secret" in env_file.read_text()
     assert "%" not in line  # cron would turn it into a newline
@@ -453,7 +453,7 @@ def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
     assert done.returncode == 0, done.stderr
     assert "no live instances" in (orch_home / "reaper.log").read_text()
     assert reaper.last_pass(reaper_orch().ledger)["outcomes"] == []
-    assert schedule.parse_every("90s") == 90 and schedule.parse_every("2") == 120
+    assert reaper_timer.parse_every("90s") == 90 and reaper_timer.parse_every("2") == 120
 
 
 # -- the watchdog on the clouds' fakes: it stops its own instance through the provider's API -----------

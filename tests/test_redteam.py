@@ -238,7 +238,8 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
     """json raises RecursionError (not ValueError) on deep nesting: every reader of what an
     instance wrote skips such a line, and an ORCH_RESULT made of one is no answer (an OrchError the
     callers handle: a lost instance is still destroyed)."""
-    from orchestrator import job_record, resume_copy
+    from orchestrator.jobs import record as job_record
+    from orchestrator.jobs import resume_copy
     from orchestrator.errors import OrchError
     from playbooks import host
     from playbooks import pull as pulling

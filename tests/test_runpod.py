@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import reach
 from orchestrator import remote as ssh
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, StartRefused, UsageError
-from orchestrator.provider import Request, label_for, tcp_open
+from orchestrator.provider import Request, label_for
+from orchestrator.reach import tcp_open
 from orchestrator.provider import Status
 from providers.runpod import RunPodProvider, register_providers
 from tests.fakes.runpod_api import PRIVATE_IP, fake_runpod, parse  # noqa: F401 - fixture
@@ -60,7 +62,7 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert sent["allowedCudaVersions"][:3] == ["12.4", "12.5", "12.6"] and "12.3" not in sent["allowedCudaVersions"]
     assert fake_runpod.pods[created.provider_id].host_cuda == "12.8"  # not the 11.8 host it lands on unasked
 
-    up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     pod = fake_runpod.pods[created.provider_id]
     assert up.status == Status.RUNNING and up.endpoint.host == pod.host.address and up.endpoint.port == pod.port
     assert up.endpoint.host != PRIVATE_IP  # the private entry comes first in runtime.ports
@@ -74,13 +76,13 @@ def test_on_demand_pod_lifecycle(provider, fake_runpod, key):
     assert not tcp_open(up.endpoint)  # sshd and the pod's processes are gone
 
     provider.start(created.provider_id)
-    again = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    again = reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     # The volume survived the stop; the container disk (root's home) did not (RunPod docs, "Manage Pods").
     assert _shell(again, key_path, "cat /workspace/marker").strip() == "kept"
     assert "No such file" in _shell(again, key_path, "ls ~/marker 2>&1; true")
     # RunPod's images make new SSH host keys at every start (official-templates/base start.sh).
     assert fake_runpod.pods[created.provider_id].host.host_key() != first_key
-    assert provider.capabilities.new_host_key_on_start
+    assert provider.new_host_key_on_start
 
     provider.destroy(created.provider_id)
     assert provider.get(created.provider_id).status == Status.GONE
@@ -98,7 +100,7 @@ def test_cpu_pod_has_no_volume_stops_and_keeps_nothing(provider, fake_runpod, ke
     sent = fake_runpod.inputs("deployCpuPod")[0]
     assert sent["instanceId"] == "cpu3c-2-4" and sent["containerDiskInGb"] == 40
     assert not {"volumeInGb", "gpuTypeId", "allowedCudaVersions"} & set(sent)
-    up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     assert up.gpus == 0 and up.gpu_name is None and up.stopped_price_hr == 0  # nothing bills while stopped
     _shell(up, key_path, "echo gone > ~/marker; test -d /workspace || echo no-volume > ~/where")
     assert _shell(up, key_path, "cat ~/where").strip() == "no-volume"
@@ -107,7 +109,7 @@ def test_cpu_pod_has_no_volume_stops_and_keeps_nothing(provider, fake_runpod, ke
     assert provider.get(created.provider_id).status == Status.STOPPED and fake_runpod.inputs("podStop")
     provider.start(created.provider_id)
     assert fake_runpod.inputs("podResume") == [{"podId": created.provider_id, "gpuCount": 0}]
-    again = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    again = reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     assert "No such file" in _shell(again, key_path, "ls ~/marker 2>&1; true")
     provider.destroy(created.provider_id)
 
@@ -121,6 +123,24 @@ def test_gpu_names_resolve_against_the_catalog(provider, fake_runpod):
     with pytest.raises(UsageError, match="no GPU type"):
         provider.create(Request(name="x", gpu="TPU v5"), _label(), "ssh-ed25519 AAAA")
     assert fake_runpod.live() == []
+
+
+def test_a_planned_offer_is_rented_as_quoted_without_listing_the_gpu_types_again(provider, fake_runpod, key):
+    """Plan once: a create given the offer a plan chose (``Request.quote``) rents that GPU type and
+    asks RunPod for no listing of its GPU types first; without one, ``--gpu`` is resolved in one."""
+    [quote] = provider.offers(Request(name="x", gpu="RTX 4090"))
+    fake_runpod.queries.clear()
+    created = provider.create(Request(name="x", gpu="RTX 4090", offer=quote.offer_id, quote=quote), _label(), key[1])
+    deploy = next(i for i, q in enumerate(fake_runpod.queries) if "podFindAndDeployOnDemand" in q)
+    assert deploy == 0 and not any("gpuTypes" in q for q in fake_runpod.queries[:deploy]), fake_runpod.queries
+    [sent] = fake_runpod.inputs("podFindAndDeployOnDemand")
+    assert sent["gpuTypeId"] == quote.offer_id == "NVIDIA GeForce RTX 4090"
+    assert [p.id for p in fake_runpod.live()] == [created.provider_id]
+
+    fake_runpod.queries.clear()
+    RunPodProvider(fake_runpod.settings()).create(Request(name="y", gpu="RTX 4090"), _label("y"), key[1])
+    asked = [parse(q)[1][0].name for q in fake_runpod.queries[:2]]
+    assert asked == ["gpuTypes", "podFindAndDeployOnDemand"]
 
 
 @pytest.mark.parametrize("request_", [Request(name="x", gpu="RTX 4090", spot=True),
@@ -163,7 +183,7 @@ def test_a_new_pod_not_visible_to_a_lookup_yet_is_pending_not_gone(provider, fak
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
     assert created.status == Status.PENDING and created.price_hr == pytest.approx(0.34), created
     assert created.label == _label() and created.provider_id == fake_runpod.live()[0].id
-    ready = provider.wait_ssh(created.provider_id, 60, interval=0.05)
+    ready = reach.wait_ssh(provider, created.provider_id, 60, interval=0.05)
     assert ready.status == Status.RUNNING and ready.endpoint is not None
     provider.destroy(created.provider_id)
     assert provider.get(created.provider_id).status == Status.GONE, "once seen, a missing pod is gone"
@@ -233,7 +253,7 @@ def test_a_container_that_never_starts_fails_the_wait_within_minutes(fake_runpod
     assert fake_runpod.pods[created.provider_id].host_cuda == "11.8"
     t0 = time.monotonic()
     with pytest.raises(SSHError, match="has not started its container within 1 s"):
-        provider.wait_ssh(created.provider_id, timeout=600, interval=0.05)
+        reach.wait_ssh(provider, created.provider_id, timeout=600, interval=0.05)
     assert time.monotonic() - t0 < 10
     assert provider.get(created.provider_id).raw["desiredStatus"] == "RUNNING"  # and billing
     provider.destroy(created.provider_id)
@@ -257,7 +277,7 @@ def test_env_values_reach_the_pod_intact(provider, fake_runpod, key):
     tricky = 'say "hi"\nthen a back\\slash and a trailing one\\'
     created = provider.create(Request(name="env", gpu="RTX 4090", env={"TRICKY": tricky}), _label(), public_key)
     assert fake_runpod.pods[created.provider_id].env["TRICKY"] == tricky
-    provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     environ = fake_runpod.pods[created.provider_id].host.path("/proc/1/environ").read_bytes().split(b"\0")
     assert f"TRICKY={tricky}".encode() in environ, "the container's environment holds it, byte for byte"
 
@@ -368,7 +388,7 @@ def test_offers_one_query_normalised(provider, fake_runpod):
 def test_pod_stops_itself(provider, fake_runpod, key, destroy):
     key_path, public_key = key
     created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), public_key)
-    up = provider.wait_ssh(created.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, created.provider_id, timeout=30, interval=0.05)
     command = provider.self_stop_command(up.provider_id, destroy=destroy)
     assert fake_runpod.pods[created.provider_id].key not in command and fake_runpod.key not in command
     conn = ssh.connect(up.endpoint.host, up.endpoint.port, up.endpoint.user, key_path, None)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import reach
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, UsageError
-from orchestrator.provider import Endpoint, Request, label_for, tcp_open
+from orchestrator.provider import Endpoint, Request, label_for
+from orchestrator.reach import tcp_open
 from orchestrator.provider import Status
 from orchestrator.remote import connect, run
 from providers.vastai import VastAIProvider, vast_gpu_name
@@ -113,7 +115,7 @@ def test_lifecycle_create_ssh_stop_start_destroy(fake, provider, keypair):
     assert [a.body["ssh_key"] for a in attach] == [public]
 
     notes = []
-    up = provider.wait_ssh(remote.provider_id, timeout=30, progress=notes.append, interval=0.05)
+    up = reach.wait_ssh(provider, remote.provider_id, timeout=30, progress=notes.append, interval=0.05)
     proxy = Endpoint(PROXY_HOST, up.raw["ssh_port"], getpass.getuser())
     assert up.status == Status.RUNNING and up.spot is False
     # The direct route (public_ipaddr + HostPort) is firewalled, as it often is: the proxy answers.
@@ -133,7 +135,7 @@ def test_lifecycle_create_ssh_stop_start_destroy(fake, provider, keypair):
 
     # A start is accepted, then waits for its GPU (scheduling) before it runs.
     assert provider.start(remote.provider_id).status == Status.SCHEDULING
-    again = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    again = reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
     assert again.endpoint == proxy  # the proxy endpoint is the instance's for good
     assert ssh(again, key, 'cat "$HOME/keep.txt"').strip() == remote.provider_id
 
@@ -149,7 +151,7 @@ def test_a_direct_route_that_answers_is_preferred(tmp_path, keypair):
     with FakeVast(tmp_path, direct_works=True) as fake:
         provider = make_provider(fake, tmp_path)
         remote = provider.create(Request(name="x", gpu="4090"), LABEL, public)
-        up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+        up = reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
         assert up.endpoint.host == up.raw["public_ipaddr"] and up.endpoint.host != PROXY_HOST
         assert Endpoint(PROXY_HOST, up.raw["ssh_port"], getpass.getuser()) in up.routes  # offered too
         assert ssh(up, key, "echo hi").strip() == "hi"
@@ -158,9 +160,9 @@ def test_a_direct_route_that_answers_is_preferred(tmp_path, keypair):
 def test_the_route_is_chosen_afresh_each_time_nothing_is_kept_in_memory(fake, tmp_path, keypair):
     """Each orch process is a new provider object: the ledger keeps the route, not the provider."""
     remote = make_provider(fake, tmp_path).create(Request(name="x", gpu="4090"), LABEL, keypair[1])
-    first = make_provider(fake, tmp_path).wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    first = reach.wait_ssh(make_provider(fake, tmp_path), remote.provider_id, timeout=30, interval=0.05)
     later = make_provider(fake, tmp_path)
-    chosen = later.reachable(later.get(remote.provider_id))
+    chosen = reach.reachable(later.get(remote.provider_id))
     assert chosen.endpoint == first.endpoint and chosen.endpoint.host == PROXY_HOST
     assert set(vars(later)) <= {"settings", "home", "_sdk"}, vars(later)  # no route state
 
@@ -182,7 +184,7 @@ def test_an_explicit_bid_is_sent_and_a_bid_below_the_live_minimum_refused(fake, 
 
 def test_outbid_spot_instance_shows_stopped_and_still_bills_storage(fake, provider, keypair):
     remote = provider.create(Request(name="x", gpu="4090", spot=True), LABEL, keypair[1])
-    up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
     fake.outbid(remote.provider_id)
     now = provider.get(remote.provider_id)
     assert now.status == Status.STOPPED and now.spot is True and now.endpoint is None
@@ -193,7 +195,7 @@ def test_outbid_spot_instance_shows_stopped_and_still_bills_storage(fake, provid
     assert provider.get(remote.provider_id).status == Status.SCHEDULING
     # ... and raising the bid above it (the SDK's change_bid) wins the GPU back.
     sdk(fake).change_bid(int(remote.provider_id), price=1.0)
-    assert provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
+    assert reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
 
 
 def test_a_hand_picked_offer_is_rented(fake, provider):
@@ -202,6 +204,31 @@ def test_a_hand_picked_offer_is_rented(fake, provider):
     with pytest.raises(NoCapacity, match="1009"):  # rented now
         provider.create(Request(name="y", offer="1009"), label_for("0123456789ac", "y"), "ssh-ed25519 AAAA x")
 
+
+
+def test_a_quoted_offer_is_rented_as_listed_without_another_search(fake, provider):
+    """Plan once: the offer a plan chose (from this provider's own listing) is rented with the
+    live minimum bid its row holds; the create searches nothing."""
+    asked = Request(name="x", gpu="4090", spot=True)
+    quote = provider.offers(asked)[0]
+    searches = len(fake.calls("POST", r"/bundles/$"))
+    remote = provider.create(Request(name="x", gpu="4090", spot=True, offer=quote.offer_id, quote=quote), LABEL,
+                             "ssh-ed25519 AAAA x")
+    assert len(fake.calls("POST", r"/bundles/$")) == searches == 1  # the plan's listing only
+    [create] = fake.calls("PUT", r"/asks/")
+    assert create.path == f"/api/v0/asks/{quote.offer_id}/" and create.body["price"] == pytest.approx(0.21)
+    assert remote.spot is True and [i["id"] for i in fake.live()] == [int(remote.provider_id)]
+
+
+def test_a_quoted_offer_taken_meanwhile_fails_naming_it_without_listing_afresh(fake, provider):
+    quote = provider.offers(Request(name="x", gpu="4090"))[0]
+    fake.take_after_search(int(quote.offer_id))
+    provider.offers(Request(name="x", gpu="4090"))  # someone else's plan: its search, then the offer goes
+    searches = len(fake.calls("POST", r"/bundles/$"))
+    with pytest.raises(NoCapacity, match=rf"offer {quote.offer_id} was taken"):
+        provider.create(Request(name="x", gpu="4090", offer=quote.offer_id, quote=quote), LABEL, "ssh-ed25519 AAAA x")
+    assert len(fake.calls("POST", r"/bundles/$")) == searches  # the job engine plans again, not the provider
+    assert len(fake.calls("PUT", r"/asks/")) == 1 and fake.live() == []
 
 # -- create errors never duplicate nor orphan --------------------------------------------------
 def test_the_sdks_own_resend_after_a_502_hides_a_billing_instance(fake):
@@ -285,7 +312,7 @@ def test_listing_follows_every_page_and_keeps_only_orch_labels(tmp_path):
 def test_a_start_is_accepted_then_waits_for_the_gpu_until_it_is_given_up(fake, provider):
     """Vast sends no resources_unavailable: the start is accepted and the instance schedules."""
     remote = provider.create(Request(name="x", gpu="4090"), LABEL, "ssh-ed25519 AAAA x")
-    provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
     provider.stop(remote.provider_id)
     fake.gpu_taken(remote.provider_id)  # someone else rents the host's GPU meanwhile, for good
     shown = provider.start(remote.provider_id)
@@ -293,25 +320,25 @@ def test_a_start_is_accepted_then_waits_for_the_gpu_until_it_is_given_up(fake, p
     assert all(provider.get(remote.provider_id).status == Status.SCHEDULING for _ in range(5))
     assert shown.stopped_price_hr == pytest.approx(DISK_HR, abs=1e-6) and shown.endpoint is None
     with pytest.raises(SSHError, match="did not answer"):  # a wait for SSH does not run it either
-        provider.wait_ssh(remote.provider_id, timeout=0.3, interval=0.05)
+        reach.wait_ssh(provider, remote.provider_id, timeout=0.3, interval=0.05)
     provider.stop(remote.provider_id)  # the way to give up
     assert provider.get(remote.provider_id).status == Status.STOPPED and fake.live()
 
     fake.gpu_taken(remote.provider_id, polls=3)  # this time it frees after a while
     assert provider.start(remote.provider_id).status == Status.SCHEDULING
-    assert provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
+    assert reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05).status == Status.RUNNING
 
 
 @pytest.mark.parametrize("state", ["exited", "offline", "unknown", "frozen"])
 def test_states_that_will_not_run_by_themselves_are_broken_and_priced_running(fake, provider, keypair, state):
     remote = provider.create(Request(name="x", gpu="4090"), LABEL, keypair[1])
-    up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
     fake.crash(remote.provider_id, state)
     now = provider.get(remote.provider_id)
     assert now.status == Status.BROKEN and now.detail.startswith(state) and now.endpoint is None
     assert now.price_hr == up.price_hr  # billed as running (frozen: "GPU charges apply")
     with pytest.raises(SSHError, match=state):
-        provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)  # at once, not after the timeout
+        reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)  # at once, not after the timeout
     assert [r.status for r in provider.list()] == [Status.BROKEN]
     provider.destroy(remote.provider_id)
     assert fake.live() == []
@@ -444,7 +471,7 @@ def test_cpu_only_is_refused_before_anything_is_created(fake, provider):
 def test_the_instance_stops_or_destroys_itself_with_its_own_key(fake, provider, keypair, destroy):
     key, public = keypair
     remote = provider.create(Request(name="x", gpu="4090"), LABEL, public)
-    up = provider.wait_ssh(remote.provider_id, timeout=30, interval=0.05)
+    up = reach.wait_ssh(provider, remote.provider_id, timeout=30, interval=0.05)
     command = provider.self_stop_command(up.provider_id, destroy)
     assert fake.container_key(remote.provider_id) not in command and fake.key not in command
     try:

@@ -55,12 +55,12 @@ INSTANCE_COMMANDS = frozenset({"status", "ssh", "stop", "start", "down", "pull",
 
 def instance_names(incomplete: str) -> list[str]:
     """Names of live instances that start with ``incomplete``, for shell completion, through
-    ``ledger_rows`` (a SQLite ledger with the standard library: a Tab must answer at once);
+    ``ledger_sql`` (a SQLite ledger with the standard library: a Tab must answer at once);
     nothing when they cannot be read."""
     try:
-        from orchestrator import ledger_rows
+        from orchestrator import ledger_sql
 
-        names = sorted({row["name"] for row in ledger_rows.live(("name",))})
+        names = sorted({row["name"] for row in ledger_sql.live(("name",))})
     except Exception:  # noqa: BLE001 - a completion never prints an error into the user's prompt
         return []
     return [n for n in names if n.startswith(incomplete)]
@@ -74,3 +74,11 @@ def complete_instance_names(command) -> None:
                 if param.name in ("name", "names") and param.param_type_name == "argument":
                     # click's hook for a parameter's completions (what Typer's autocompletion= sets)
                     param._custom_shell_complete = lambda ctx, param, incomplete: instance_names(incomplete)
+
+
+def instance_named(orch, name: str, node: int | None = None):
+    """The live instance a command names; a group's name stands for its node ``node`` (default
+    its head, rank 0)."""
+    from orchestrator import groups
+
+    return groups.resolve(orch, name, node)

@@ -24,7 +24,7 @@ def check(
     """Check a provider account once, after adding its key: the key, offers, SSH keys, what it cannot do
     and, with --live, a whole cycle with each step's time and the money spent. Exit 0 only when every
     step held."""
-    from orchestrator import check as checking
+    from orchestrator import account_check as checking
     from orchestrator import plugins
 
     if not 1 <= deadline <= 240:
@@ -48,7 +48,7 @@ def check(
 
 def _every(deadline: float, as_json: bool) -> None:
     """Every installed provider: those without a key are skipped, named with what to set."""
-    from orchestrator import check as checking
+    from orchestrator import account_check as checking
     from orchestrator import plugins
 
     orch = open_orch(actor="check")

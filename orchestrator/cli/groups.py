@@ -46,7 +46,7 @@ def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_ti
 
 def show(orch, name: str, nodes, as_json: bool, run=None) -> None:
     from orchestrator import groups
-    from orchestrator.views import model_dict, run_dict
+    from orchestrator.views.instances import model_dict, run_dict
 
     data = {"group": name, "nodes": [model_dict(n) for n in nodes], "price_hr": groups.hourly(nodes),
             "state": "/".join(sorted({n.state for n in nodes}))}
@@ -79,7 +79,7 @@ def status(orch, name: str, as_json: bool) -> bool:
     nodes = [orch.refresh(n) for n in nodes]
     run = orch.ledger.latest_run(nodes[0].id)
     if as_json:
-        from orchestrator.views import model_dict
+        from orchestrator.views.instances import model_dict
 
         data = {"group": name, "nodes": [model_dict(n) for n in nodes], "price_hr": groups.hourly(nodes),
                 "state": "/".join(sorted({n.state for n in nodes}))}
@@ -100,7 +100,7 @@ def _run_view(orch, head, run) -> dict:
     """Rank 0's run: it alone writes checkpoints, status.json and metrics.jsonl."""
     from orchestrator import training
     from orchestrator.errors import OrchError
-    from orchestrator.views import run_dict
+    from orchestrator.views.instances import run_dict
 
     if head.state != "ready" or not run.run_dir:
         return run_dict(run)

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from orchestrator.cli.app import app, emit_json, open_orch, out, say
+from orchestrator.cli.app import app, emit_json, instance_named, open_orch, out, say
 from orchestrator.errors import OrchError, SSHError, UsageError
 from orchestrator.text import clean
 
@@ -80,9 +80,9 @@ def up(
         refuse_reached(config.home() / "runs" / name, epochs)
         pulled = config.home() / "runs" / name / "weights" / "last.pt"
         if pulled.exists():  # the copy a new instance would be given: checked before anything is opened
-            from orchestrator import checkpoints
+            from orchestrator import checkpoint_vet
 
-            checkpoints.refuse_unsafe(pulled)
+            checkpoint_vet.refuse_unsafe(pulled)
     orch = open_orch()
     existing = orch.ledger.by_name(name)
     if resume and existing is not None:
@@ -127,14 +127,12 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     options (``need_data``: training is what it is for) and checks them here too."""
     from orchestrator import training
     from orchestrator import policy as policies
-    from orchestrator.lifecycle import check_name, check_request
-    from orchestrator.provider import Request
+    from orchestrator.lifecycle import check_name
 
     check_name(name)
     policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
                                  rebuild_cost=rebuild_cost)
-    if ssh_timeout is not None and not 0 < ssh_timeout <= 24 * 60:
-        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {ssh_timeout}")
+    check_ssh_timeout(ssh_timeout)
     spec = None
     if data is not None or resume or need_data:
         if not data:
@@ -146,9 +144,7 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
         training.check_spec(spec)
     else:
         _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
-    request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
-                      image=image, spot=spot, bid=bid, offer=offer)
-    check_request(name, request)
+    request = request_from(name, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer)
     if provider is not None:
         refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
     # What a provider can never do (a group on RunPod) is said before a key it would need anyway.
@@ -156,6 +152,22 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     if provider is not None:
         need_credentials(provider)
     return policy, spec, request
+
+
+def check_ssh_timeout(minutes: float | None) -> None:
+    if minutes is not None and not 0 < minutes <= 24 * 60:
+        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {minutes}")
+
+
+def request_from(name: str, *, gpu, gpus, cpu, disk, image, spot, bid, offer):
+    """The machine asked for, checked (its disk 20 GB when not given)."""
+    from orchestrator.lifecycle import check_request
+    from orchestrator.provider import Request
+
+    request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
+                      image=image, spot=spot, bid=bid, offer=offer)
+    check_request(name, request)
+    return request
 
 
 def refuse_spot(provider: str, spot: bool) -> None:
@@ -202,7 +214,7 @@ def check_group_options(name, nodes, spec, request, provider, resume: bool = Fal
 def refuse_reached(folder, epochs: int) -> None:
     """--resume to --epochs the pulled run already reached is refused up front, with the epoch it
     reached (its status.json and metrics.jsonl say so, without torch here)."""
-    from orchestrator.resume_copy import pulled_epoch
+    from orchestrator.jobs.resume_copy import pulled_epoch
 
     reached = pulled_epoch(folder)
     if reached is not None and reached >= epochs:
@@ -233,7 +245,7 @@ def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
 
 
 def _summary(inst, as_json: bool, run=None, view=None) -> None:
-    from orchestrator.views import model_dict, run_dict
+    from orchestrator.views.instances import model_dict, run_dict
 
     data = model_dict(inst)
     if run is not None:
@@ -262,7 +274,7 @@ def status(
     """The fleet from the ledger (--refresh: as the providers show it now), or one instance in detail
     (always asked of its provider)."""
     if name is None:
-        from orchestrator import fleet
+        from orchestrator.views import fleet
 
         if refresh:
             from orchestrator.sync import refresh_all
@@ -273,7 +285,7 @@ def status(
         return
     from orchestrator import watchdog
     from orchestrator.cli import groups
-    from orchestrator.views import iso, model_dict
+    from orchestrator.views.instances import iso, model_dict
 
     orch = open_orch()
     if groups.status(orch, name, as_json):
@@ -332,7 +344,7 @@ _STATE_HINTS = {
 def _run_view(orch, inst, run) -> dict:
     """The run from status.json when the instance is up (pulling new milestones), else the ledger's."""
     from orchestrator import training
-    from orchestrator.views import run_dict
+    from orchestrator.views.instances import run_dict
 
     if inst.state != "ready" or not run.run_dir:
         return run_dict(run)
@@ -361,7 +373,7 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
     if node is not None and not 0 <= node < groups.MAX_NODES:
         raise UsageError(f"--node is a rank from 0 to {groups.MAX_NODES - 1}, not {node}")
     orch = open_orch()
-    inst = groups.resolve(orch, name, node)
+    inst = instance_named(orch, name, node)
     if not inst.ssh_host:
         raise UsageError(f"{name} has no SSH endpoint yet ({inst.state})")
     if not inst.host_key:
@@ -384,7 +396,7 @@ def stop(name: str):
 
     check_name(name)
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     groups.refuse_alone(inst, "stopped")
     inst = orch.stop(inst)
     out(f"{inst.name}: {inst.state} (disk kept, ${inst.stopped_price_hr:.4f}/hr while stopped)")
@@ -403,7 +415,7 @@ def start(name: str,
     from orchestrator import groups
 
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     groups.refuse_alone(inst, "started")
     inst = orch.start(inst, timeout=timeout * 60 if timeout is not None else None)
     out(f"{inst.name}: {inst.state} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}")
@@ -433,7 +445,7 @@ def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", he
         targets = [i for i in live if not groups.is_group(i)]
     else:
         group_names = [n for n in dict.fromkeys(names) if orch.ledger.by_name(n) is None and groups.live(orch.ledger, n)]
-        targets = [orch.instance(n) for n in dict.fromkeys(names) if n not in group_names]
+        targets = [instance_named(orch, n) for n in dict.fromkeys(names) if n not in group_names]
         for inst in targets:
             groups.refuse_alone(inst, "destroyed")
     if not targets and not group_names:
@@ -520,7 +532,7 @@ def pull(name: str, dest: Optional[str] = typer.Option(None, help="Where to put 
 
     check_name(name)
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
         raise UsageError(f"{name} has no training run")
@@ -541,7 +553,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     if not 1 <= lines <= 100_000:
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     run = orch.ledger.latest_run(inst.id)
     if run is None:  # an empty answer would read as "the training printed nothing"
         raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
@@ -572,7 +584,7 @@ def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next
     if not 1024 <= port <= 65535:
         raise UsageError(f"--port must be between 1024 and 65535, not {port}")
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
         raise UsageError(f"{name} has no training run to monitor")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -61,34 +60,34 @@ def run(
     """Train from a dataset to weights on disk, or run any command (`-f task.yaml`, `NAME -- CMD`):
     plan the offer cheapest per job, launch, pull milestones, recover from lost machines, pull
     everything, destroy. `orch up`'s options apply."""
-    from dataclasses import replace
-
-    from orchestrator import checkpoints, config, job_views, jobs, plugins, training
-
+    sub = None
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
 
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
-                               max_hours, retries, keep, wait, as_json, options)
-        if got.name is None:  # a command task, started there (or a dry run, printed)
-            if got.job is not None:
-                _show(open_orch(), got.job, as_json)
-                if got.job.state == jobs.FAILED:
-                    sys.exit(1)
-            return
-        name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
-        retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
+                               max_hours, retries, keep, options)
+        if isinstance(got, task_run.Training):
+            name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
+            retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
+        else:
+            sub = got
     else:
         max_price = None
+    if sub is None:
+        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options)
+    _check_caps(sub)
+    _submit(sub, dry_run, wait, as_json)
+
+
+def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options):
+    """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
+    from dataclasses import replace
+
+    from orchestrator import checkpoint_vet, config, jobs, plugins
+
     if name is None:
         raise UsageError("orch run needs a NAME (`orch run NAME --data ...`, `orch run NAME -- CMD`) or -f task.yaml")
     jobs.check_job_name(name)
-    if max_cost is not None and not 0 < max_cost < 1e6:
-        raise UsageError(f"--max-cost must be a $ amount above 0, not {max_cost:g}")
-    if max_hours is not None and not 0 < max_hours <= 100_000:
-        raise UsageError(f"--max-hours must be above 0, not {max_hours:g}")
-    if not 0 <= retries <= jobs.MAX_RETRIES:
-        raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")
     providers = list(dict.fromkeys(provider or []))
     named = list(providers)
     options.pop("cheapest", None)  # a job always takes the offer cheapest per job
@@ -108,60 +107,55 @@ def run(
         first = instances.renter(providers[0] if providers else plugins.default_provider())
         first.validate(request)
         first.require_credentials()
-    chose_period = spec.save_period is None
-    if chose_period:
-        spec.save_period = jobs.default_save_period(spec.epochs)
     folder = config.home() / "runs" / name
     if spec.resume:
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
-        checkpoints.refuse_unsafe(folder / "weights" / "last.pt")
+        checkpoint_vet.refuse_unsafe(folder / "weights" / "last.pt")
     elif folder.is_dir() and any(folder.iterdir()):
         raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
                          "from its weights/last.pt")
-    orch = open_orch()
-    taken = orch.ledger.job(name)
-    if taken is not None and taken.state in jobs.ACTIVE:
-        raise UsageError(f"a job named {name!r} is already {taken.state} (`orch jobs show {name}`)")
-    training.prepare(spec, orch.home, say)
-    if chose_period:  # said once the data is known good: a refusal stays one line
-        say(f"      save_period: every {spec.save_period} epoch(s), {spec.epochs // spec.save_period} epoch_N.pt "
-            f"milestones for {spec.epochs} epochs (--save-period to choose)")
-    if options["disk"] is None:
-        disk, why = training.disk_for(spec)
-        request = replace(request, disk_gb=disk)
-        say(f"      disk: {why}")
-    images = None
-    if not request.cpu and not spec.data.startswith("hf://"):
-        from orchestrator import offers
-
-        images = offers.job_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz).images
     ssh_timeout = options["ssh_timeout"]
-    js = jobs.JobSpec(train=spec, request=request, providers=providers or None,
-                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, images=images,
-                      max_price=max_price, nodes=nodes)
-    t0 = time.monotonic()
-    if not request.cpu and not request.offer:
-        say(f"plan: asking {', '.join(providers) if providers else 'every provider with a key'} for live offers")
-    choice = jobs.plan(orch, js)
-    jobs.check_plan(choice, max_cost)
-    say(f"plan: {choice.line}")
-    if dry_run:
-        from orchestrator.cli import task_run
+    js = jobs.JobSpec(kind="train", work=spec, request=request, providers=providers or None,
+                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, nodes=nodes,
+                      max_price=max_price)
+    return jobs.Submission(name, js, max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep,
+                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None)
 
-        task_run.print_offers(orch, js, choice)
-        return
-    if max_cost is not None and choice.usd is None:
-        say(f"      no estimate for this offer: --max-cost ${max_cost:g} is enforced while it runs")
-    job = jobs.create(orch, name, js, choice, max_cost, max_hours, retries, keep, time.monotonic() - t0,
-                      resume_from=folder if spec.resume else None)
+
+def _check_caps(sub) -> None:
+    from orchestrator import jobs
+
+    if sub.max_cost is not None and not 0 < sub.max_cost < 1e6:
+        raise UsageError(f"--max-cost must be a $ amount above 0, not {sub.max_cost:g}")
+    if sub.max_hours is not None and not 0 < sub.max_hours <= 100_000:
+        raise UsageError(f"--max-hours must be above 0, not {sub.max_hours:g}")
+    if not 0 <= sub.retries <= jobs.MAX_RETRIES:
+        raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {sub.retries}")
+
+
+def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
+    """The job submitted (``jobs.submit``: planned once, recorded, its first attempt launched on the
+    offer recorded), then shown, or followed to its end with --wait."""
+    from orchestrator import jobs
+    from orchestrator.views import jobs as job_views
+
+    orch = open_orch()
     try:
-        job = jobs.start(orch, job)
+        got = jobs.submit(orch, sub, dry_run=dry_run)
+        if dry_run:
+            from orchestrator.cli import task_run
+
+            task_run.print_plan(sub, got.choice)
+            return
+        job = got.job
         if wait and job.state in jobs.ACTIVE:
             job = job_views.follow(orch, job)
     except KeyboardInterrupt:
-        say(f"\norch: the job goes on: `orch jobs show {name}` follows it, `orch jobs cancel {name}` stops it"
+        if orch.ledger.job(sub.name) is None or dry_run:
+            raise  # nothing recorded yet: nothing goes on
+        say(f"\norch: the job goes on: `orch jobs show {sub.name}` follows it, `orch jobs cancel {sub.name}` stops it"
             + _reaper_hint(orch))
         sys.exit(130)
     _show(orch, job, as_json)
@@ -190,6 +184,7 @@ def _group_providers(name: str, nodes: int, providers: list[str], request) -> li
     """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
     a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
     from orchestrator import groups, jobs, plugins
+    from orchestrator.provider import RentsGroups
 
     longest = jobs.MAX_GROUP_JOB_NAME
     if len(name) > longest:
@@ -201,7 +196,7 @@ def _group_providers(name: str, nodes: int, providers: list[str], request) -> li
         for p in providers:
             groups.check_provider(instances.renter(p), nodes, request)
         return providers
-    able = [p for p in plugins.providers() if instances.renter(p).capabilities.groups]
+    able = [p for p in plugins.providers() if isinstance(instances.renter(p), RentsGroups)]
     if not able:
         raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
     return able
@@ -222,9 +217,9 @@ app.command("run")(run)
 
 
 def _reaper_hint(orch) -> str:
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
-    if schedule.installed(orch.ledger):
+    if reaper_timer.installed(orch.ledger):
         return "; the scheduled reaper advances it"
     return ("; nothing advances it while no command looks: `orch reaper install` schedules the reaper, "
             "which then recovers it with this terminal closed")
@@ -241,36 +236,35 @@ def _job(orch, name: str):
 
 
 def _show(orch, job, as_json: bool) -> None:
-    from orchestrator import job_views, jobs
+    from orchestrator import jobs
+    from orchestrator.views import jobs as job_views
 
     d = job_views.job_dict(orch, job)
     if as_json:
         emit_json(d)
         return
+    kind = job_views.kind_of(job)
     out(f"job {d['name']}: {d['state']}" + (f" ({clean(d['reason'], 300)})" if d["reason"] else ""))
-    if d.get("kind") == "command":
-        from orchestrator.cli import task_run
-
-        task_run.show_command(d)
-    else:
-        out(f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
-            + (f", resume copy at epoch {d['checkpoint_epoch']}" if d["checkpoint_epoch"]
-               and d["state"] != jobs.COMPLETED else ""))  # a completed job's copies are gone: its weights are home
+    for line in kind.show(d) if kind else ["  spec     unreadable (not a job this orch can run)"]:
+        out(line)
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
     if (d.get("nodes") or 1) > 1:
-        out(f"  nodes    {d['nodes']} per attempt: a group training under torchrun, relaunched as one")
+        out(f"  nodes    {d['nodes']} per attempt, relaunched as one")
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
+    planned = d["plan"].get("offer")
     for a in d["attempts"]:
         price = f" ${a['price_hr']:.4f}/hr" if a["price_hr"] is not None else ""
-        out(f"  attempt {a['number']}  {a['instance']} on {a['provider']}{price}: {a['state']}"
-            + (f" from epoch {a['start_epoch']}" if a["start_epoch"] and d.get("kind") != "command" else "")
-            + f", ${a['cost']:.4f}"
+        rented = ""
+        if a.get("offer_key"):
+            rented = f", offer {clean(a['offer_key'], 120)}" + (" (the plan's)" if a["offer_key"] == planned else "")
+        out(f"  attempt {a['number']}  {a['instance']} on {a['provider']}{price}{rented}: {a['state']}"
+            + (kind.start_note(a) if kind else "") + f", ${a['cost']:.4f}"
             + (f" ({clean(a['reason'], 200)})" if a["reason"] else ""))
     if d["phases"]:
         out("  phases   " + ", ".join(f"{k} {v:.1f} s" for k, v in d["phases"].items()))
     if d["weights"]:
-        out(f"  {'outputs' if d.get('kind') == 'command' else 'weights'}  {d['weights']}")
+        out(f"  {kind.results if kind else 'results':8} {d['weights']}")
     if d["state"] in jobs.ACTIVE:
         out(f"  follow   orch jobs show {d['name']} | orch jobs logs {d['name']} -f")
         out(f"  cancel   orch jobs cancel {d['name']}")
@@ -282,7 +276,7 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     """Every job, from the ledger."""
     if ctx.invoked_subcommand is not None:
         return
-    from orchestrator import job_views
+    from orchestrator.views import jobs as job_views
 
     orch = open_orch()
     rows = [job_views.job_dict(orch, j) for j in orch.ledger.jobs()]
@@ -298,9 +292,10 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     t = Table(box=None, pad_edge=False)
     for col in ("NAME", "STATE", "ATTEMPTS", "EPOCH", "COST", "WEIGHTS / WHY"):
         t.add_column(col, overflow="fold")
+    from orchestrator.jobs.kinds import KINDS
+
     for d in rows:
-        progress = f"{d['epoch'] or '-'}/{d['epochs']}" if d.get("kind") != "command" else \
-            f"exit {d['exit_code']}" if d.get("exit_code") is not None else (d.get("run_state") or "-")
+        progress = KINDS[d["kind"]].progress(d) if d["kind"] in KINDS else "-"
         t.add_row(d["name"], d["state"], str(len(d["attempts"])), progress,
                   f"${d['cost']:.4f}", escape(d["weights"] or clean(d["reason"], 200) or "-"))
     console().print(t)
@@ -335,7 +330,7 @@ def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", he
               lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end.")):
     """The training log of the job's current attempt (the pulled train.log once its instance is gone)."""
     from orchestrator import states
-    from orchestrator.job_record import weights_dir
+    from orchestrator.jobs.record import weights_dir
 
     if not 1 <= lines <= 100_000:
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")

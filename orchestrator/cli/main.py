@@ -22,7 +22,7 @@ def _fast(args: list[str]):
     of 10,000. Anything else, ``--help`` included, goes to the Typer app."""
     flags = set(args[1:])
     if args[:1] == ["status"] and flags <= FAST_FLAGS:
-        from orchestrator import fleet
+        from orchestrator.views import fleet
 
         return lambda: fleet.show("--all" in flags or "-a" in flags, "--json" in flags)
     if args[:1] == ["cost"] and flags <= {"--json"}:
@@ -34,10 +34,10 @@ def _fast(args: list[str]):
 
         return cost
     if args[:1] == ["reap"] and flags <= {"--dry-run", "--json"}:
-        from orchestrator import reaper
+        from orchestrator import duty
 
         def reap() -> None:
-            reaper.fast("--dry-run" in flags, "--json" in flags)
+            duty.fast("--dry-run" in flags, "--json" in flags)
 
         # A real pass acts: it is never run twice, so its errors are said here, by the one boundary.
         return reap if "--dry-run" in flags else lambda: run(reap)

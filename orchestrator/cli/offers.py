@@ -37,7 +37,7 @@ from typing import List, Optional
 
 import typer
 
-from orchestrator.cli.app import app, emit_json, open_orch, say
+from orchestrator.cli.app import app, emit_json, instance_named, open_orch, say
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import clean
 
@@ -93,7 +93,7 @@ def offers(
     efficiency = o.check_scaling(scaling if scaling is not None else config.get("node_scaling", o.NODE_EFFICIENCY))
     job = None
     if epochs is not None:
-        job = o.job_for(model, epochs, data=data, dataset_gb=dataset_gb, imgsz=imgsz)
+        job = o.workload_for(model, epochs, data=data, dataset_gb=dataset_gb, imgsz=imgsz)
     elif data or dataset_gb:
         raise UsageError("--data/--dataset-gb price a job: add --epochs N")
     if disk is None:
@@ -151,8 +151,10 @@ def offers(
 
 
 def _can_group(orch, name: str) -> bool:
-    """Whether the provider can rent a group (its capability): the others' offers are no answer to --nodes."""
-    return orch.provider(name).capabilities.groups
+    """Whether the provider can rent a group (a feature it has): the others' offers are no answer to --nodes."""
+    from orchestrator.provider import RentsGroups
+
+    return isinstance(orch.provider(name), RentsGroups)
 
 
 def _mode(spot: bool, on_demand: bool, both: bool) -> str:
@@ -227,7 +229,7 @@ def trial(
     check_name(name)
     training.check_spec(training.TrainSpec(data=data, model=model, epochs=epochs or 2, imgsz=imgsz, batch=batch))
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     if inst.state != "ready":
         raise UsageError(f"{name} is {inst.state}: a trial needs a ready instance")
     subset = None

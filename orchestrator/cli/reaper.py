@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import app, console, emit_json, open_orch, say
+from orchestrator.cli.app import app, console, emit_json, instance_named, open_orch, say
 from orchestrator.errors import UsageError
 
 reaper_app = typer.Typer(help="Run `orch reap` on a schedule that outlives this shell.", no_args_is_help=True)
@@ -25,7 +25,7 @@ def reap(
                                            "(default: reaper_parallel in config.toml, else 8)."),
 ):
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
-    from orchestrator import reaper
+    from orchestrator import duty, reaper
     from orchestrator.parallel import MAX_BOUND
 
     if not 1 <= interval <= 86400:
@@ -35,10 +35,10 @@ def reap(
     orch = open_orch(actor=reaper.ACTOR, lazy=True)  # a pass that changes nothing opens no SQLAlchemy
     while True:
         t0, started = time.monotonic(), reaper.utcnow()
-        outcomes, advanced = reaper.one_pass(orch, dry_run=dry_run, force=force, parallel=parallel)
+        outcomes, advanced = duty.one_pass(orch, dry_run=dry_run, force=force, parallel=parallel)
         if watch and not as_json:
             console().print(f"[dim]{started:%Y-%m-%d %H:%M:%SZ} pass ({time.monotonic() - t0:.1f} s)[/]")
-        reaper.show_pass(outcomes, advanced, dry_run, as_json)
+        duty.show_pass(outcomes, advanced, dry_run, as_json)
         if not watch:
             return
         # An instance whose idle time runs out before the next pass gets a pass right then.
@@ -53,13 +53,13 @@ def reap(
 def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h."),
                    backend: str = typer.Option("auto", help="auto, systemd, cron or loop.")):
     """Install the schedule (a systemd user timer, else a crontab entry, else a detached loop)."""
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
-    seconds = schedule.parse_every(every)  # both checked before anything is opened
-    if backend != "auto" and backend not in schedule.BACKENDS:
-        raise UsageError(f"--backend must be auto or one of {', '.join(schedule.BACKENDS)}, not {backend!r}")
+    seconds = reaper_timer.parse_every(every)  # both checked before anything is opened
+    if backend != "auto" and backend not in reaper_timer.BACKENDS:
+        raise UsageError(f"--backend must be auto or one of {', '.join(reaper_timer.BACKENDS)}, not {backend!r}")
     orch = open_orch()
-    info = schedule.install(orch.ledger, orch.home, seconds, backend)
+    info = reaper_timer.install(orch.ledger, orch.home, seconds, backend)
     c = console()
     c.print(f"reaper installed ({info['backend']}): `{info['command']}` every {info['every']} s")
     c.print(f"  environment  {info['env_file']} (0600): {', '.join(info['carried'])}")
@@ -69,20 +69,20 @@ def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h.
 @reaper_app.command("uninstall")
 def reaper_uninstall():
     """Remove the schedule."""
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
-    info = schedule.uninstall(open_orch().ledger)
+    info = reaper_timer.uninstall(open_orch().ledger)
     console().print(f"reaper schedule removed ({info['backend']})" if info else "no reaper schedule was installed")
 
 
 @reaper_app.command("status")
 def reaper_status(as_json: bool = typer.Option(False, "--json", help="As JSON.")):
     """Whether the schedule is installed and running, and what the last pass did."""
-    from orchestrator import schedule
+    from orchestrator import reaper_timer
 
     from rich.markup import escape
 
-    st = schedule.status(open_orch().ledger)
+    st = reaper_timer.status(open_orch().ledger)
     if as_json:
         emit_json(st)
         return
@@ -118,7 +118,7 @@ def _set_protected(name: str, on: bool) -> None:
     from orchestrator import states, watchdog
 
     orch = open_orch()
-    inst = orch.instance(name)
+    inst = instance_named(orch, name)
     if inst.protected == on:
         console().print(f"{name} is already {'protected' if on else 'unprotected'}")
         return

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from orchestrator.cli.app import app, emit_json, open_orch
+from orchestrator.cli.app import app, emit_json, instance_named, open_orch
 
 LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settled", "busy")
 
@@ -49,6 +49,7 @@ def forget(name: str):
 
     check_name(name)
     orch = open_orch()
-    before = orch.instance(name).state
-    inst = rec.forget(orch, name)
+    inst = instance_named(orch, name)
+    before = inst.state
+    inst = rec.forget(orch, inst)
     print(f"{inst.name}: {before} -> {inst.state} (forgotten: its provider confirms it gone)")

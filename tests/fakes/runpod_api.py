@@ -1,6 +1,7 @@
 """A fake RunPod GraphQL API on 127.0.0.1 whose pods are real sshd hosts.
 
-Faithful to /work/shared/reference/providers.md where tests can tell: POST /graphql with
+Faithful to the runpod SDK (1.11, ``runpod/api/graphql.py``, read after pip install) and RunPod's
+GraphQL docs (docs.runpod.io, "GraphQL API") where tests can tell: POST /graphql with
 ``{"query": ...}`` and no variables, Bearer keys (401 on a bad one; a pod's own key works only on
 that pod), errors in ``errors`` (HTTP 200 for refusals, 500 for "Something went wrong", 400 for
 queries that do not parse or ask for fields that do not exist), 429 with an HTML body, ``runtime``

@@ -1,9 +1,11 @@
 """A fake Vast.ai REST API on 127.0.0.1 whose instances are real containers (tests/fakes/hosts.py).
 
-It behaves, by default, as Vast.ai does. Where each behaviour comes from ("providers.md" is
-/work/shared/reference/providers.md, "issue 13" the project's issue that read these sources):
+It behaves, by default, as Vast.ai does. Where each behaviour comes from ("the SDK" is vastai 1.9.1
+on PyPI, its source read after pip install; "docs" Vast.ai's CLI and API reference at
+docs.vast.ai; "issue 13" the project's issue that read these sources):
 
-- **Answers**: failures arrive as HTTP 200 with ``success: false`` (providers.md); the v1 listing
+- **Answers**: failures arrive as HTTP 200 with ``success: false`` (the SDK's callers check
+  ``success``); the v1 listing
   pages by ``next_token``; an instance row carries a numeric ``start_date`` and ``extra_env``
   pairs (the SDK's ``show_instance`` indexes both: vastai/api/instances.py). ``price`` in a create
   body is the bid: ``null`` rents on-demand, a number interruptible (vastai/api/instances.py
@@ -15,7 +17,7 @@ It behaves, by default, as Vast.ai does. Where each behaviour comes from ("provi
 - **SSH routes**: ``ssh_host``/``ssh_port`` is Vast's SSH proxy, here a ``hosts.Relay`` to the
   container's sshd: it works. The direct route (``public_ipaddr`` + ``ports["22/tcp"]``) is
   firewalled, a ``hosts.Silent`` port: the TCP handshake completes and no banner ever comes.
-  Issue 13 and providers.md ("Vast SSH"): the direct route is often blocked, the proxy works
+  Issue 13 and docs ("SSH connection": the proxy is the default route): the direct route is often blocked, the proxy works
   (SkyPilot's Vast provisioner waits for and uses ``ssh_port``: sky/provision/vast/utils.py
   get_ssh_ports). ``direct_works=True`` opens the direct route too.
 - **A start waits for its GPU**: it is accepted at once, then the instance shows *scheduling*
@@ -26,7 +28,7 @@ It behaves, by default, as Vast.ai does. Where each behaviour comes from ("provi
   of a start. ``scheduling_polls`` is how long it waits when the GPU is free (Vast shows the
   state briefly every time); ``gpu_taken`` makes it wait longer, or for ever.
 - **States that still bill** (docs "show instance"; vastai SKILL.md): ``exited`` the container's
-  process died (the machine stays allocated: billed as running, providers.md); ``offline`` /
+  process died (the machine stays allocated: billed as running, docs "show instance"); ``offline`` /
   ``unknown`` the host dropped ("it will never reach running", SKILL.md's poll-loop warning);
   ``frozen`` paused with its memory kept, "GPU charges apply". ``crash`` puts an instance in one.
 - **Outbid** interruptible instances stop, storage still billing (SKILL.md "Interruptible"), with

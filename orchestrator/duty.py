@@ -1,0 +1,45 @@
+"""One pass of what orch does unattended, as ``orch reap`` (and so the scheduled reaper) runs it:
+the fleet reaped (``reaper``), then every active job advanced (``jobs``), under the pass's lock."""
+
+from __future__ import annotations
+
+from orchestrator import reaper
+from orchestrator.text import clean
+
+
+def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | None = None) -> tuple[list, list]:
+    """One pass as ``orch reap`` runs it: (its outcomes, every job advanced at its end, under its lock;
+    a real pass only: a dry run neither advances jobs nor imports them)."""
+    advanced: list[dict] = []
+
+    def advance_jobs() -> None:
+        from orchestrator import jobs
+
+        advanced.extend(jobs.advance_all(orch))
+
+    return reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
+
+
+def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> None:
+    """A pass as ``orch reap`` prints it: the table (or JSON), then each job it advanced."""
+    import json
+    import sys
+
+    if as_json:
+        print(json.dumps([o.to_dict() for o in outcomes], indent=2, sort_keys=True, default=str))
+        return
+    sys.stdout.write(reaper.table(outcomes, dry_run))
+    for j in advanced:
+        print(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""), flush=True)
+
+
+def fast(dry_run: bool, as_json: bool) -> None:
+    """``orch reap [--dry-run] [--json]`` (one pass, what a schedule runs) as ``cli.main`` answers it,
+    without Typer (0.2 s of start-up, pydantic included): the pass opens the ledger lazily, and one
+    that changes nothing never imports SQLAlchemy."""
+    import sys
+
+    from orchestrator.lifecycle import Orch
+
+    orch = Orch.open(actor=reaper.ACTOR, say=lambda msg: print(msg, file=sys.stderr, flush=True), lazy=True)
+    show_pass(*one_pass(orch, dry_run=dry_run), dry_run, as_json)

@@ -1,0 +1,96 @@
+"""What `orch run --nodes N` adds to a job (``jobs.engine``): one attempt is one group, lost as one.
+
+An attempt of a group job rents the group ``NAME-aK`` (nodes ``NAME-aK-0`` ...); its ``attempts``
+row points at the head (rank 0), whose run is the job's run. At every look, besides what ``jobs``
+reads from the head (its state, its training), every other node is checked (``lost_node``): gone,
+stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or its training ended
+with an error. Any of these ends the attempt: the training is ended on every node that still
+answers (a lost peer leaves the others waiting on the process group for hours), the newest intact
+checkpoint is kept (taken from the head where it still loads there), the whole group is destroyed
+and the next attempt rents a fresh group, with the resume copy put on EVERY node (LibreYOLO resumes
+from ``last.pt`` on each). ``--retries`` counts group relaunches; ``--max-cost`` counts every node.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from orchestrator import groups, states
+from orchestrator.errors import OrchError, SSHError
+from orchestrator.text import clean
+from orchestrator.text import why as _why
+
+# What a torchrun launcher leaves in its log when a worker failed (torch.distributed.elastic).
+FAILED_MARKS = ("ChildFailedError", "Traceback (most recent call last)")
+
+
+def nodes_of(orch, inst) -> list:
+    return groups.members(orch.ledger, inst)
+
+
+def cost(orch, inst) -> float:
+    """What every node of ``inst``'s group cost (``inst`` alone when it is no group)."""
+    from orchestrator.cost import instance_cost
+
+    return sum(instance_cost(n, orch.ledger.events(n.id), orch.ledger.runs(n.id)).total_usd
+               for n in nodes_of(orch, inst))
+
+
+def hourly(orch, inst) -> float:
+    """What the group bills per hour while it runs (its running nodes)."""
+    return sum(n.price_hr or 0.0 for n in nodes_of(orch, inst) if n.state == states.READY)
+
+
+def lost_node(orch, head, bound_minutes: float) -> str | None:
+    """Why the group of ``head`` is lost through one of its other nodes, or None. A node the
+    provider did not answer for is looked at again next time (nothing is known)."""
+    from playbooks import train
+
+    if not groups.is_group(head):
+        return None
+    for node in nodes_of(orch, head):
+        if node.id == head.id:
+            continue
+        try:
+            node = orch.refresh(node)
+        except OrchError:
+            continue
+        if node.state in states.IN_PROGRESS:
+            continue
+        if node.state != states.READY:
+            return f"node {node.node_rank} ({node.name}) is {node.state}"
+        run = orch.ledger.latest_run(node.id)
+        if run is None or not run.run_dir:
+            return f"node {node.node_rank} ({node.name}) has no training"
+        try:
+            with orch.connect(node) as c:
+                raw = train.status(c, run.run_dir, run.pid)
+                tail = "" if raw.get("alive") else train.tail_log(c, 60)
+        except SSHError as e:
+            since = orch.ledger.recall(node.id, "unreachable_since")
+            now = datetime.now(timezone.utc)
+            if since is None:
+                orch.ledger.remember(node.id, unreachable_since=now.isoformat())
+                continue
+            away = (now - datetime.fromisoformat(since)).total_seconds() / 60
+            if away >= bound_minutes:
+                return f"node {node.node_rank} ({node.name}) unreachable for {away:.1f} min ({_why(e)})"
+            continue
+        if orch.ledger.recall(node.id, "unreachable_since") is not None:
+            orch.ledger.remember(node.id, unreachable_since=None)
+        if not raw.get("alive") and any(mark in tail for mark in FAILED_MARKS):
+            last = next((line for line in reversed(tail.splitlines()) if "Error" in line), "")
+            return f"node {node.node_rank} ({node.name}): its training failed ({clean(last, 200)})"
+    return None
+
+
+def end_runs(orch, head) -> list[str]:
+    """End the run on every node of the group that still answers."""
+    from orchestrator import group_training
+
+    return group_training.stop(orch, nodes_of(orch, head))
+
+
+def destroy(orch, inst, reason: str) -> None:
+    """Destroy every live node of ``inst``'s group at once (raises when one could not be)."""
+    groups.down(orch, nodes_of(orch, inst), reason)

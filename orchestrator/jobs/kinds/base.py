@@ -1,0 +1,129 @@
+"""``JobKind``: what a job runs, as the engine asks it. The engine (``jobs.engine``) rents, watches,
+relaunches, caps and ends; a kind says what an attempt starts, how its progress is read, what is
+kept between attempts and put back on the next machine, and what comes home at the end. Whether
+the attempt is one machine or a group of N is the job's (``nodes``), never a kind of its own."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+@dataclass
+class Launched:
+    """What an attempt's launch started: the head's run row, and what it resumed from."""
+
+    run: Any
+    copy: int | None  # the checkpoint copy it restored (None: it started afresh)
+    resumed: str  # one line for the attempt's record
+
+
+class JobKind(ABC):
+    key: ClassVar[str]  # its key in a job's stored spec, and its registration in ``KINDS``
+    spec_type: ClassVar[type]  # the dataclass of its spec
+    noun: ClassVar[str]  # what its work is called in a job's lines ("training", "command")
+    doing: ClassVar[str]  # what an attempt is doing while its work runs ("training", "running")
+    # Whether the machine gets orch's provisioning (torch for the device, LibreYOLO, the matmul
+    # proof) before the work starts; a command's setup is its own.
+    provisioned: ClassVar[bool] = True
+    results: ClassVar[str] = "weights"  # what comes home, as `orch jobs show` names it
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    # -- its spec in the ledger ----------------------------------------------------------------
+    @classmethod
+    def dump(cls, spec) -> dict:
+        return asdict(spec)
+
+    @classmethod
+    def load(cls, d: dict):
+        return cls.spec_type(**{k: v for k, v in d.items() if k in cls.spec_type.__dataclass_fields__})
+
+    # -- before anything is rented -------------------------------------------------------------
+    @abstractmethod
+    def prepare(self, orch, js, disk_given: bool):
+        """What travels to the machine made ready at home (packed into orch's cache, again when the
+        cache was cleaned); returns the spec, its disk sized where the user gave none."""
+
+    def workload(self, js):
+        """What a plan ranks offers by: an ``offers.Workload`` (cost per job), or None (per hour)."""
+        return None
+
+    def left(self, done: int | None) -> int | None:
+        """Epochs left after the job's copy of epoch ``done`` (None: the kind counts none)."""
+        return None
+
+    def blocked(self) -> str | None:
+        """Why no attempt can launch from this process now (a secret missing from its
+        environment): nothing is rented, and an orch process that has it relaunches."""
+        return None
+
+    def done_by_copy(self, orch, job) -> tuple[str, str, dict] | None:
+        """Where the job's checkpoint copy already holds all of its work: the job's end from the
+        copy (its state, reason and fields); else None."""
+        return None
+
+    # -- an attempt ----------------------------------------------------------------------------
+    @abstractmethod
+    def launch(self, orch, job, nodes: list, copy: int | None) -> Launched:
+        """Start the work on ready machines (rank order, the head first), restoring the job's
+        checkpoint copy ``copy`` on every one of them first where there is one (a copy that proves
+        unusable there is dropped, and the attempt starts afresh)."""
+
+    @abstractmethod
+    def read(self, orch, inst, run) -> dict:
+        """The run now, from the machine (``training.digest``'s view: state, epoch, files...)."""
+
+    @abstractmethod
+    def watch(self, orch, job, inst, run, view: dict) -> None:
+        """While it runs: what comes home as it goes, and the checkpoint copy when it is due."""
+
+    @abstractmethod
+    def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
+        """The newest intact checkpoint home as the job's copy: (what was kept, None), (None, why
+        not), or (None, None) when there was nothing newer."""
+
+    @abstractmethod
+    def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
+        """Everything the work made, home into ``dest``, verified; the files pulled now.
+        ``strict``: raise when something could not come (before a destroy)."""
+
+    def final(self, view: dict) -> str | None:
+        """Why a failure seen in ``view`` is the work's own, which no relaunch would mend (its
+        non-zero exit); None: a failure is a loss, and the job relaunches."""
+        return None
+
+    def failure_detail(self, dest: Path) -> str:
+        """What a failed job's reason adds from what came home (the log's last lines)."""
+        return ""
+
+    @abstractmethod
+    def completed(self, job, how: str, dest: Path, ended: str) -> tuple[str, dict]:
+        """The completed job's reason and the fields it records."""
+
+    # -- what `orch jobs` shows of it ------------------------------------------------------------
+    def view(self, orch, job, run) -> dict:
+        """The keys it adds to the job's ``--json`` dict (``run``: the current attempt's run row)."""
+        return {}
+
+    @staticmethod
+    def show(d: dict) -> list[str]:
+        """Its lines in `orch jobs show`, from the job's dict."""
+        return []
+
+    @staticmethod
+    def progress(d: dict) -> str:
+        """Its cell in `orch jobs`'s progress column."""
+        return "-"
+
+    @staticmethod
+    def start_note(attempt: dict) -> str:
+        """What an attempt's line says of where it started."""
+        return ""
+
+    def plan_lines(self, name: str) -> list[str]:
+        """What a dry run says the job would run (``name``: the job's)."""
+        return []

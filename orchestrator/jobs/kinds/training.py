@@ -1,0 +1,174 @@
+"""The training kind: a LibreYOLO training from a dataset to weights (``orch run NAME --data``,
+a task file's ``train:``). The run itself is ``training`` (one machine) and ``group_training``
+(torchrun on a group); what a job adds is its resume copy (``jobs.resume_copy``): ``last.pt``
+taken whole whenever the epoch moved, checked on both sides, and put on every node of the next
+attempt. Offers are ranked by the cost of the epochs left."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator import checkpoint_vet
+from orchestrator.errors import OrchError
+from orchestrator.jobs import record, resume_copy
+from orchestrator.jobs.kinds.base import JobKind, Launched
+from orchestrator.jobs.states import COMPLETED, FAILED
+from orchestrator.text import why as _why
+from orchestrator.training import TrainSpec
+
+
+class TrainingKind(JobKind):
+    key = "train"
+    spec_type = TrainSpec
+    noun = doing = "training"
+
+    @classmethod
+    def dump(cls, spec) -> dict:
+        d = super().dump(spec)
+        d["local_tar"] = str(spec.local_tar) if spec.local_tar else None
+        return d
+
+    @classmethod
+    def load(cls, d: dict):
+        spec = super().load(d)
+        spec.local_tar = Path(spec.local_tar) if spec.local_tar else None
+        return spec
+
+    # -- before anything is rented -------------------------------------------------------------
+    def prepare(self, orch, js, disk_given: bool):
+        from orchestrator import jobs, offers, training
+
+        spec = self.spec
+        chose_period = spec.save_period is None
+        if chose_period:
+            spec.save_period = jobs.default_save_period(spec.epochs)
+        training.prepare(spec, orch.home, orch.say)
+        if chose_period:  # said once the data is known good: a refusal stays one line
+            orch.say(f"      save_period: every {spec.save_period} epoch(s), {spec.epochs // spec.save_period} "
+                     f"epoch_N.pt milestones for {spec.epochs} epochs (--save-period to choose)")
+        if not disk_given:
+            disk, why = training.disk_for(spec)
+            js = replace(js, request=replace(js.request, disk_gb=disk))
+            orch.say(f"      disk: {why}")
+        if not js.request.cpu and not spec.data.startswith("hf://"):
+            js = replace(js, images=offers.workload_for(spec.model, spec.epochs, data=spec.data,
+                                                        imgsz=spec.imgsz).images)
+        return replace(js, work=spec)
+
+    def workload(self, js):
+        from orchestrator import offers
+
+        s = self.spec
+        return offers.Workload(model=s.model, epochs=s.epochs, data=s.data, data_bytes=s.data_bytes,
+                               images=js.images, imgsz=s.imgsz)
+
+    def left(self, done: int | None) -> int | None:
+        return self.spec.epochs - (done or 0)
+
+    def done_by_copy(self, orch, job):
+        """The resume copy already holds the last epoch (the instance went after its last epoch and
+        before its final pull): its last.pt and the milestones pulled before are the job's weights."""
+        if (job.checkpoint_epoch or 0) < self.spec.epochs:
+            return None
+        src = record.checkpoint_dir(orch.home, job.name, job.checkpoint_epoch)
+        _, unsafe = checkpoint_vet.vet(src / "weights" / "last.pt")
+        if unsafe:  # changed at home since it was kept: never handed to the user as the job's weights
+            return FAILED, f"the copy of epoch {job.checkpoint_epoch} is no checkpoint to keep: {unsafe}", {}
+        dest = record.weights_dir(orch.home, job.name)
+        (dest / "weights").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / "weights" / "last.pt", dest / "weights" / "last.pt")
+        return (COMPLETED, f"the instance went after epoch {job.checkpoint_epoch} of {self.spec.epochs}: weights from "
+                           f"the copies pulled before, in {dest}", {"weights": str(dest)})
+
+    # -- an attempt ----------------------------------------------------------------------------
+    def launch(self, orch, job, nodes: list, copy: int | None) -> Launched:
+        from orchestrator import group_training, training
+
+        spec = self._prepared(orch)
+        start = resume_copy.stage(orch, job, nodes, spec, copy) if copy is not None else None
+        if start is not None:
+            spec = replace(spec, resume=True)
+        run = group_training.launch(orch, nodes, spec) if len(nodes) > 1 else training.launch(orch, nodes[0], spec)
+        resumed = f"resumed from the job's verified copy of last.pt (epoch {start})" if start is not None else \
+            "started at epoch 1"
+        return Launched(run, start, resumed)
+
+    def _prepared(self, orch):
+        """The spec with its data ready to stage: the packed tar is in orch's cache unless it was
+        cleaned, when the folder is packed again (the same content gives the same tar)."""
+        from orchestrator import training
+
+        spec = replace(self.spec, resume=False)
+        if spec.data.startswith("hf://") or (spec.local_tar and spec.local_tar.is_file()):
+            return spec
+        return training.prepare(spec, orch.home, orch.say)
+
+    def read(self, orch, inst, run) -> dict:
+        from orchestrator import training
+
+        return training.read(orch, inst, run)
+
+    def watch(self, orch, job, inst, run, view: dict) -> None:
+        """The milestones home, and a verified resume copy whenever the epoch moved."""
+        from orchestrator import training
+
+        try:
+            training.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), view=view,
+                          only_milestones=True)
+        except OrchError as e:
+            record.note(orch, job, f"milestones not pulled this time: {_why(e)}", say=False)
+        epoch = view.get("epoch") or 0
+        if epoch > (job.checkpoint_epoch or 0):
+            try:
+                _, problem = resume_copy.take(orch, job, inst, run)
+            except OrchError as e:
+                problem = _why(e)
+            if problem:
+                record.note(orch, orch.ledger.get_job(job.id), f"no resume copy this time: {problem}", say=False)
+
+    def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
+        from orchestrator import training
+
+        training.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), only_milestones=True)
+        epoch, problem = resume_copy.take(orch, job, inst, run)
+        return (f"took last.pt (epoch {epoch}) from {inst.name}: it loads there" if epoch else None), problem
+
+    def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
+        from orchestrator import training
+
+        got, _ = training.pull(orch, inst, run, dest=dest, view=view)
+        return got
+
+    def completed(self, job, how: str, dest: Path, ended: str) -> tuple[str, dict]:
+        epochs = self.spec.epochs
+        return (f"{epochs} epochs; {how}; weights in {dest}; {ended}",
+                {"weights": str(dest), "epoch": max(job.epoch or 0, epochs)})
+
+    # -- what `orch jobs` shows of it ------------------------------------------------------------
+    def view(self, orch, job, run) -> dict:
+        return {"model": self.spec.model, "data": self.spec.data, "epochs": self.spec.epochs}
+
+    @staticmethod
+    def show(d: dict) -> list[str]:
+        from orchestrator.text import clean
+
+        copy = d["checkpoint_epoch"] if d["checkpoint_epoch"] and d["state"] != COMPLETED else None  # a completed
+        return [f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
+                + (f", resume copy at epoch {copy}" if copy else "")]  # job's copies are gone: its weights are home
+
+    @staticmethod
+    def progress(d: dict) -> str:
+        return f"{d['epoch'] or '-'}/{d['epochs']}"
+
+    @staticmethod
+    def start_note(attempt: dict) -> str:
+        return f" from epoch {attempt['start_epoch']}" if attempt["start_epoch"] else ""
+
+    def plan_lines(self, name: str) -> list[str]:
+        from orchestrator.text import clean
+
+        s = self.spec
+        return [f"  train    {clean(s.model)} for {s.epochs} epochs on {clean(s.data, 200)}",
+                f"  weights  -> $ORCH_HOME/runs/{name}/ (milestones as they are saved, then everything)"]

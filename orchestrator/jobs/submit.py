@@ -1,0 +1,64 @@
+"""The one path from a request to a running job. ``orch run --data``, ``orch run -f task.yaml``,
+``orch run NAME -- CMD`` (and a schedule's runs) build a ``Submission`` and call ``submit``: what
+travels is made ready at home, the offers are asked once, the plan is checked against
+``--max-cost`` and recorded, and the first attempt rents the very offer recorded."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from orchestrator.errors import UsageError
+from orchestrator.jobs import engine, resume_copy
+from orchestrator.jobs.plan import Choice, check_plan, plan
+from orchestrator.jobs.record import note
+from orchestrator.jobs.spec import JobSpec, Submission
+from orchestrator.jobs.states import ACTIVE, PLANNED
+
+
+@dataclass
+class Submitted:
+    spec: JobSpec  # as prepared (its disk sized, its data packed)
+    choice: Choice
+    job: Any = None  # None for a dry run: nothing recorded, nothing rented
+
+
+def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
+    """Plan ``sub`` once, record the plan and start its first attempt on the offer recorded; with
+    ``dry_run``, only plan it. Refusals (a name in use, a plan over --max-cost) come before
+    anything is recorded or rented."""
+    js = sub.spec
+    kind = js.kind_of()
+    taken = orch.ledger.job(sub.name)
+    if taken is not None and taken.state in ACTIVE:
+        raise UsageError(f"a job named {sub.name!r} is already {taken.state} (`orch jobs show {sub.name}`)")
+    js = kind.prepare(orch, js, sub.disk_given)
+    t0 = time.monotonic()
+    req = js.request
+    if not req.cpu and not req.offer:
+        orch.say(f"plan: asking {', '.join(js.providers) if js.providers else 'every provider with a key'} for "
+                 "live offers")
+    choice = plan(orch, js)
+    check_plan(choice, sub.max_cost)
+    orch.say(f"plan: {choice.line}")
+    if dry_run:
+        return Submitted(js, choice)
+    if sub.max_cost is not None and choice.usd is None:
+        orch.say(f"      no estimate for this offer: --max-cost ${sub.max_cost:g} is enforced while it runs")
+    job = _record(orch, replace(sub, spec=js), choice, time.monotonic() - t0)
+    return Submitted(js, choice, engine.start(orch, job, choice))
+
+
+def _record(orch, sub: Submission, choice: Choice, plan_seconds: float):
+    """The job's row (planned, with the plan it will rent) and, from a pulled run folder, its first
+    checkpoint copy."""
+    import json
+
+    job = orch.ledger.create_job(ACTIVE, name=sub.name, state=PLANNED, spec=sub.spec.to_json(),
+                                 plan=json.dumps(choice.to_dict()), max_cost=sub.max_cost, max_hours=sub.max_hours,
+                                 retries=sub.retries, keep=sub.keep,
+                                 phases=json.dumps({"plan": round(plan_seconds, 3)}), nodes=sub.spec.nodes)
+    if sub.resume_from is not None:
+        job = resume_copy.adopt(orch, job, sub.resume_from)
+    return note(orch, job, f"planned: {choice.line}", say=False)

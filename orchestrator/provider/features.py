@@ -1,0 +1,71 @@
+"""What a provider can do beyond the verbs every provider has: each a mixin whose methods it
+must write, and whose type is the capability (``isinstance(p, Stoppable)``), as dstack's
+``ComputeWith...`` classes are. A provider that lacks one never pretends to have it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from orchestrator.provider.model import Remote, Request
+
+
+class Stoppable(ABC):
+    """Stops an instance, keeping its disk (which bills while stopped), and starts it again."""
+
+    # The image makes new SSH host keys at every start (RunPod's images do): right after a start
+    # that orch asked for and the provider confirmed, orch pins the new key instead of refusing it.
+    new_host_key_on_start: ClassVar[bool] = False
+
+    @abstractmethod
+    def stop(self, provider_id: str) -> None:
+        """Stop it, keeping its disk; returns once the provider accepted."""
+
+    @abstractmethod
+    def start(self, provider_id: str) -> Remote:
+        """Ask for a start and return at once: the caller waits (bounded) for it to run."""
+
+    def stops(self, spot: bool) -> bool:
+        """Whether an instance rented this way can stop (an AWS one-time spot instance cannot)."""
+        return True
+
+
+class SelfEnding(ABC):
+    """An instance can stop or destroy itself through the provider, with its own credentials:
+    the on-instance watchdog's way out when nobody is watching."""
+
+    @abstractmethod
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str | None:
+        """A POSIX shell snippet that, run on the instance, stops (or destroys) it with the
+        instance's own credentials (from its environment, never a command line); None where this
+        instance has no way."""
+
+
+class RentsGroups(ABC):
+    """Rents groups of instances that reach each other on a private network, on every TCP port
+    (`--nodes N`: a rendezvous and the collective traffic of a multi-node run). Each node's
+    ``Remote.private_ip`` is where the others reach it; ``Request.group``, ``node_rank`` and
+    ``nodes`` tell ``create`` which node it makes."""
+
+    @abstractmethod
+    def open_group(self, group: str, request: Request) -> None:
+        """Before a group's first node is created: what its nodes share at this provider (a rule
+        that admits the group's members to each other, a placement group). Idempotent."""
+
+    @abstractmethod
+    def close_group(self, group: str) -> None:
+        """After every node of the group is gone: give back what ``open_group`` made. Idempotent."""
+
+
+def can_stop(provider, spot: bool) -> bool:
+    """Whether an instance of ``provider`` rented this way (spot or not) can be stopped."""
+    return isinstance(provider, Stoppable) and provider.stops(spot)
+
+
+def self_end_commands(provider, provider_id: str, spot: bool) -> dict[str, str]:
+    """The shell commands with which an instance stops / destroys itself ({} where it cannot)."""
+    if not isinstance(provider, SelfEnding):
+        return {}
+    verbs = (("stop", False), ("destroy", True)) if can_stop(provider, spot) else (("destroy", True),)
+    found = {verb: provider.self_stop_command(provider_id, destroy=destroy) for verb, destroy in verbs}
+    return {verb: command for verb, command in found.items() if command}

@@ -1,0 +1,106 @@
+"""What ``orch jobs`` shows of a job: its dict (``--json``; keys are only ever added), one
+progress line, the seconds per phase, and ``--wait``'s loop, which advances the job between looks.
+Reads only: the engine is ``jobs``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from orchestrator import jobs
+from orchestrator.errors import OrchError
+from orchestrator.jobs import record
+from orchestrator.text import clean
+
+
+def phases(job, attempts) -> dict[str, float]:
+    """Seconds per phase: plan (every ranking), provision, stage, train and recover (every attempt
+    summed), pull (the final one), teardown."""
+    out = {k: v for k, v in record.loads(job.phases, {}).items() if isinstance(v, (int, float))}
+    for a in attempts:
+        for k, v in record.loads(a.phases, {}).items():
+            if isinstance(v, (int, float)):
+                out[k] = round(out.get(k, 0.0) + v, 3)
+    order = ("plan", "provision", "stage", "train", "recover", "pull", "teardown")
+    return {k: out[k] for k in sorted(out, key=lambda k: (order.index(k) if k in order else 99, k))}
+
+
+def attempt_dict(orch, a) -> dict:
+    from orchestrator.jobs import group
+    from orchestrator.views.instances import iso
+
+    inst = orch.ledger.get(a.instance_id) if a.instance_id else None
+    spent = group.cost(orch, inst) if inst else 0.0
+    offer = record.loads(a.offer, {})
+    return {"number": a.number, "instance": a.instance_name, "instance_id": a.instance_id,
+            "instance_state": inst.state if inst else None, "provider": a.provider, "offer": offer.get("line"),
+            "offer_key": offer.get("key"),
+            "price_hr": a.price_hr, "state": a.state, "start_epoch": a.start_epoch, "resumed_from": a.resumed_from,
+            "reason": a.reason, "cost": round(spent, 6), "phases": record.loads(a.phases, {}),
+            "started_at": iso(a.started_at), "ended_at": iso(a.ended_at)}
+
+
+def kind_of(job):
+    """The job's kind, or None where its stored spec cannot be read (a shared ledger is input too:
+    what cannot be read is shown as unknown, never a crash)."""
+    try:
+        return jobs.JobSpec.from_json(job.spec).kind_of()
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OrchError):
+        return None
+
+
+def job_dict(orch, job) -> dict:
+    """A job as ``orch jobs --json`` shows it (keys are only ever added)."""
+    from orchestrator.views.instances import iso
+
+    attempts = orch.ledger.attempts(job.id)
+    kind = kind_of(job)
+    spent = jobs.cost(orch, job) if job.state in jobs.ACTIVE else job.cost_usd
+    current = attempts[-1] if attempts else None
+    run = orch.ledger.get_run(current.run_id) if current is not None and current.run_id else None
+    return {"id": job.id, "name": job.name, "state": job.state, "reason": job.reason,
+            "kind": kind.key if kind else None, "model": None, "data": None, "epochs": None,
+            **(kind.view(orch, job, run) if kind else {}),
+            "epoch": job.epoch, "checkpoint_epoch": job.checkpoint_epoch,
+            "attempts": [attempt_dict(orch, a) for a in attempts],
+            "instance": current.instance_name if current else None, "provider": current.provider if current else None,
+            "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
+            "keep": job.keep, "weights": job.weights, "plan": record.loads(job.plan, {}), "nodes": job.nodes,
+            "phases": phases(job, attempts), "history": record.loads(job.history, []),
+            "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
+
+
+def progress_line(d: dict) -> str:
+    """One line for --wait and the list: state, attempt, epoch, cost."""
+    parts = [d["state"]]
+    if d["attempts"]:
+        a = d["attempts"][-1]
+        parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
+    if d.get("run_state"):  # a command's
+        parts.append(f"command {d['run_state']}"
+                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
+                     + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
+    if d.get("epoch"):
+        parts.append(f"epoch {d['epoch']}/{d['epochs']}")
+    if d.get("checkpoint_epoch"):
+        parts.append(f"checkpoint {d['checkpoint_epoch']}")
+    parts.append(f"${d['cost']:.4f}" + (f" of ${d['max_cost']:g}" if d.get("max_cost") is not None else ""))
+    if d.get("reason") and d["state"] in jobs.ACTIVE:
+        parts.append(clean(d["reason"], 160))
+    return "  ".join(parts)
+
+
+def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None = None):
+    """--wait: a look every ``interval`` seconds, a line whenever it changes, until the job ends."""
+    say = say or orch.say
+    last = ""
+    while True:
+        job = jobs.advance(orch, job)
+        line = progress_line(job_dict(orch, job))
+        if line != last:
+            say(f"      {line}")
+            last = line
+        if job.state in jobs.ENDED:
+            return job
+        time.sleep(interval)

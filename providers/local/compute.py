@@ -1,0 +1,190 @@
+"""The local provider's verbs over its instance folders (``sshd`` runs each one)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import shutil
+import sys
+import time
+from functools import cached_property
+from pathlib import Path
+
+from orchestrator.errors import ProviderError, UsageError
+from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, RentsGroups, Request, SelfEnding,
+                                   Status, Stoppable, parse_label)
+from providers.local.machine import local_gpus, local_vram_gb
+from providers.local.sshd import address, free_port, host_key, kill_instance, port_free, running, start_sshd
+
+
+class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
+    name = "local"
+    embedded = True
+    login = getpass.getuser()
+    numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0}
+
+    @cached_property
+    def gpus(self) -> list[str]:
+        return local_gpus()
+
+    @cached_property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        # Built once: it is frozen, and a reaper pass asks for it once per instance.
+        return Capabilities(spot=False, cpu_only=True, gpu=bool(self.gpus))
+
+    @cached_property
+    def root(self) -> Path:
+        return Path(self.home) / "local"
+
+    def _dir(self, provider_id: str) -> Path:
+        return self.root / provider_id
+
+    @cached_property
+    def _root(self) -> str:  # strings, not pathlib, where a reaper pass asks for every local instance
+        return str(self.root)
+
+    def _meta(self, provider_id: str) -> dict | None:
+        try:
+            with open(f"{self._root}/{provider_id}/meta.json", "rb") as f:  # bytes: no text layer per file
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def _save(self, provider_id: str, meta: dict) -> None:
+        path = self._dir(provider_id) / "meta.json"
+        if not path.parent.is_dir():
+            raise ProviderError(f"local instance {provider_id} does not exist (any more)")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path)
+
+    # -- verbs -------------------------------------------------------------------------
+    def validate(self, request: Request) -> None:
+        super().validate(request)
+        if not request.cpu and request.gpus > len(self.gpus):
+            raise UsageError(f"the local provider has {len(self.gpus)} GPU(s) on this machine "
+                             f"(nvidia-smi), {request.gpus} asked: use --cpu")
+
+    def create(self, request: Request, label: str, public_key: str) -> Remote:
+        parsed = parse_label(label)
+        if not parsed:
+            raise ProviderError(f"not an orch label: {label!r}")
+        provider_id = label
+        root = self._dir(provider_id)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "authorized_keys").write_text(public_key.strip() + "\n")
+        os.chmod(root / "authorized_keys", 0o600)
+        host = address(parsed[0])
+        env = self._instance_env(request)
+        meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
+                "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
+        self._save(provider_id, meta)
+        self._boot(provider_id, meta)
+        return self.get(provider_id)
+
+    def get(self, provider_id: str) -> Remote:
+        meta = self._meta(provider_id)
+        if meta is None:
+            return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE)
+        # A folder its meta calls stopped has no sshd (stop writes "stopped" after the kill, start
+        # writes "running" before the boot): no pid file to open, which a listing of a large
+        # stopped fleet would do once per instance (bench/fleet.py).
+        alive = meta.get("state") != "stopped" and running(f"{self._root}/{provider_id}")
+        return Remote(
+            provider_id=provider_id, label=meta["label"], status=Status.RUNNING if alive else Status.STOPPED,
+            endpoint=Endpoint(meta["host"], meta["port"], self.ssh_user) if alive else None,
+            price_hr=float(self.settings.get("price_per_hour", 0.0)),
+            stopped_price_hr=float(self.settings.get("stopped_price_per_hour", 0.0)),
+            gpu_name=self.gpus[0] if meta.get("gpus") and self.gpus else None, gpus=meta.get("gpus", 0),
+            private_ip=meta["host"], raw=meta,
+        )
+
+    def list(self) -> list[Remote]:
+        try:
+            names = sorted(os.listdir(self.root)) if self.root.exists() else []
+        except OSError as e:
+            raise ProviderError(f"cannot list local instances in {self.root}: {e}") from None
+        return [r for r in (self.get(n) for n in names if parse_label(n)) if r.status != Status.GONE]
+
+    def stop(self, provider_id: str) -> None:
+        meta = self._need(provider_id)
+        kill_instance(self._dir(provider_id), meta["instance_id"])
+        meta["state"] = "stopped"
+        self._save(provider_id, meta)
+
+    def start(self, provider_id: str) -> Remote:
+        meta = self._need(provider_id)
+        if not running(self._dir(provider_id)):
+            if not port_free(meta["host"], meta["port"]):
+                meta["port"] = free_port(meta["host"])
+            meta["state"] = "running"
+            self._save(provider_id, meta)
+            self._boot(provider_id, meta)
+        return self.get(provider_id)
+
+    def destroy(self, provider_id: str) -> None:
+        root = self._dir(provider_id)
+        for _ in range(20):  # a self-stop racing this destroy may write meta.json back meanwhile
+            meta = self._meta(provider_id)
+            if meta is not None:
+                kill_instance(root, meta["instance_id"])
+            shutil.rmtree(root, ignore_errors=True)
+            if not root.exists():
+                return
+            time.sleep(0.1)
+        raise ProviderError(f"could not remove {root}")
+
+    def offers(self, request: Request) -> list[Offer] | None:
+        """This machine's own GPUs, at the price config.toml gives them (default free); None
+        without GPUs: the local provider is then no source of GPU offers."""
+        if not self.gpus:
+            return None
+        if request.gpus > len(self.gpus):
+            return []
+        return [Offer(provider=self.name, offer_id="local", gpu_name=self.gpus[0], gpus=request.gpus,
+                      vram_gb=local_vram_gb(), price_hr=float(self.settings.get("price_per_hour", 0.0)),
+                      location="this machine", stopped_hr=float(self.settings.get("stopped_price_per_hour", 0.0)))]
+
+    # -- groups: every instance listens on a loopback address of its own, and 127/8 reaches all
+    # of them on every port, the way a cloud's private network reaches a group's members ------
+    def open_group(self, group: str, request: Request) -> None:
+        """Nothing to share: loopback already admits every node to every other."""
+
+    def close_group(self, group: str) -> None:
+        """Nothing was made for the group."""
+
+    # -- what only the local provider can do -------------------------------------------
+    def vouched_host_key(self, provider_id: str) -> str | None:
+        """The local provider made the host key itself, so it can vouch for it."""
+        return host_key(self._dir(provider_id))
+
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str:
+        """A local instance is a folder on this machine: it stops itself the way the provider does."""
+        verb = "destroy" if destroy else "stop"
+        code = ("from pathlib import Path\nfrom providers.local import LocalProvider\n"
+                f"LocalProvider(None, Path({str(self.home)!r})).{verb}({provider_id!r})\n")
+        return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+    def _need(self, provider_id: str) -> dict:
+        meta = self._meta(provider_id)
+        if meta is None:
+            raise ProviderError(f"local instance {provider_id} does not exist")
+        return meta
+
+    def _boot(self, provider_id: str, meta: dict) -> None:
+        try:
+            start_sshd(self._dir(provider_id), meta["host"], meta["port"], meta["instance_id"], meta["env"])
+        except (RuntimeError, OSError) as e:
+            raise ProviderError(f"local instance {provider_id}: {e}") from None
+
+    def _instance_env(self, request: Request) -> dict[str, str]:
+        # The instance may reuse the controller's own Python (and its torch and LibreYOLO) rather
+        # than download gigabytes again; provisioning checks it works like any other Python.
+        bindir = str(Path(sys.executable).parent)
+        env = {"ORCH_PYTHON": sys.executable, "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+               "ORCH_PROVIDER": "local"}
+        if request.cpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env

@@ -1,0 +1,76 @@
+"""One path from a request to a machine: `orch run` plans once, records the offer it will rent, and
+the first attempt rents that very offer without asking the provider for its offers again."""
+
+from __future__ import annotations
+
+import json
+
+from tests.clouds import open_orch, runpod, vast  # noqa: F401  (the fake RunPod and Vast.ai fixtures)
+from tests.conftest import run_orch
+
+
+def _before(queries: list[str], mutation: str) -> list[str]:
+    first = next(i for i, q in enumerate(queries) if mutation in q)
+    return queries[:first]
+
+
+def test_one_launch_lists_runpods_offers_once_and_rents_the_offer_it_planned(orch_home, runpod):
+    fake, env = runpod
+    fake.queries.clear()
+    proc = run_orch("run", "h1", "--provider", "runpod", "--gpu", "RTX 4090", "--wait", "--", "true", env=env,
+                    check=0)
+    assert proc.returncode == 0, proc.stderr
+    listings = [q for q in _before(fake.queries, "podFindAndDeployOnDemand") if "gpuTypes" in q]
+    assert len(listings) == 1, listings
+    job = json.loads(run_orch("jobs", "show", "h1", "--json", env=env).stdout)
+    assert job["state"] == "completed", job
+    planned, rented = job["plan"]["offer"], job["attempts"][0]["offer_key"]
+    assert planned == rented and planned.startswith("runpod/"), (planned, rented)
+    assert fake.inputs("podFindAndDeployOnDemand")[0]["gpuTypeId"] == planned.split("/", 1)[1]
+    text = run_orch("jobs", "show", "h1", env=env).stdout
+    assert f"offer {planned} (the plan's)" in text, text
+    assert fake.live() == []
+
+
+def test_a_dry_run_lists_the_offers_once_and_rents_nothing(orch_home, runpod):
+    fake, env = runpod
+    fake.queries.clear()
+    proc = run_orch("run", "h2", "--provider", "runpod", "--gpu", "RTX 4090", "--dry-run", "--", "true", env=env)
+    assert "offers (on-demand, per hour)" in proc.stdout and "nothing rented" in proc.stdout, proc.stdout
+    assert len([q for q in fake.queries if "gpuTypes" in q]) == 1, fake.queries
+    assert fake.inputs("podFindAndDeployOnDemand") == [] and open_orch().ledger.jobs() == []
+
+
+def test_one_launch_searches_vasts_offers_once(orch_home, vast):
+    fake, env = vast
+    before = len(fake.calls("POST", r"/bundles/$"))
+    proc = run_orch("run", "v1", "--provider", "vastai", "--gpu", "RTX 4090", "--wait", "--", "true", env=env,
+                    check=0)
+    assert proc.returncode == 0, proc.stderr
+    assert len(fake.calls("POST", r"/bundles/$")) - before == 1
+    job = json.loads(run_orch("jobs", "show", "v1", "--json", env=env).stdout)
+    assert job["state"] == "completed" and job["plan"]["offer"] == job["attempts"][0]["offer_key"], job
+    assert fake.live() == []
+
+
+def test_a_job_spec_written_by_the_previous_orch_reads_back():
+    """Jobs in flight when orch is upgraded: the spec layout of every orch so far reads back as its kind."""
+    from orchestrator.jobs import JobSpec
+
+    train = {"train": {"data": "hf://acme/birds/b.tar", "model": "yolo9-s", "epochs": 7, "imgsz": None, "batch": None,
+                       "save_period": 1, "train_args": {}, "push_to": None, "resume": False, "local_tar": None,
+                       "data_bytes": 10, "dataset_name": None},
+             "request": {"name": "j", "gpu": "A10", "gpus": 1, "cpu": False, "disk_gb": 30, "image": None,
+                         "spot": False, "bid": None, "offer": None, "group": None, "node_rank": 0, "nodes": 1},
+             "providers": None, "ssh_timeout": None, "policy": "{}", "images": None, "nodes": 1}
+    command = dict(train, train=None, command={"run": "echo hi", "setup": None, "env": {"A": "1"}, "secrets": ["T"],
+                                                "workdir": None, "outputs": [], "checkpoint": None,
+                                                "checkpoint_minutes": 10.0, "nodes": 1, "workdir_max_mb": 200.0,
+                                                "excludes": [], "workdir_bytes": None, "workdir_tar": None},
+                   max_price=0.5)
+    js = JobSpec.from_json(json.dumps(train))
+    assert js.kind == "train" and js.work.epochs == 7 and js.request.disk_gb == 30
+    js = JobSpec.from_json(json.dumps(command))
+    assert js.kind == "command" and js.work.run == "echo hi" and js.work.secrets == ["T"] and js.max_price == 0.5
+    again = json.loads(js.to_json())
+    assert again["command"]["run"] == "echo hi" and again["train"] is None and "quote" not in again["request"]
