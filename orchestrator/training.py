@@ -48,6 +48,13 @@ class TrainSpec:
     dataset_name: str | None = None
 
 
+def default_save_period(epochs: int) -> int:
+    """About ten epoch_N.pt milestones per job (every epoch for jobs of ten epochs or fewer): each is a
+    whole checkpoint pulled home, so more would cost disk and transfer, fewer would leave long gaps.
+    (Resuming never needs them: it uses the verified copy of last.pt.)"""
+    return max(1, -(-epochs // 10))
+
+
 def parse_train_args(pairs: list[str]) -> dict[str, str]:
     """``--train-arg key=value`` pairs. A value never begins with '-' (LibreYOLO's parser would read it
     as an option: ``amp=--project=/x`` moved the run folder), and no key orch owns is taken, however

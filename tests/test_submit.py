@@ -4,8 +4,12 @@ the first attempt rents that very offer without asking the provider for its offe
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import dataclass
 
-from tests.clouds import open_orch, runpod, vast  # noqa: F401  (the fake RunPod and Vast.ai fixtures)
+from orchestrator.jobs.kinds import JobKind, Launched
+from orchestrator.jobs.kinds import command
+from tests.clouds import open_orch, runpod, vast, wait_for  # noqa: F401  (the fake RunPod and Vast.ai fixtures)
 from tests.conftest import run_orch
 
 
@@ -74,3 +78,60 @@ def test_a_job_spec_written_by_the_previous_orch_reads_back():
     assert js.kind == "command" and js.work.run == "echo hi" and js.work.secrets == ["T"] and js.max_price == 0.5
     again = json.loads(js.to_json())
     assert again["command"]["run"] == "echo hi" and again["train"] is None and "quote" not in again["request"]
+
+
+@dataclass
+class Note:
+    text: str
+
+
+class NoteKind(JobKind):
+    """A job kind written the way a new one would be: one class, its spec, its verbs; registered
+    with one line. It writes its text to a file on the machine, and the file comes home."""
+
+    key, spec_type, noun, doing, provisioned, results = "note", Note, "note", "writing", False, "outputs"
+
+    def _cmd(self):
+        from orchestrator.task import CommandSpec
+
+        return CommandSpec(run=f"printf %s {shlex.quote(self.spec.text)} > note.txt", outputs=["note.txt"])
+
+    def prepare(self, orch, js, disk_given: bool):
+        return js
+
+    def launch(self, orch, job, nodes, copy) -> Launched:
+        return Launched(command.launch(orch, nodes[0], self._cmd(), None), None, "started")
+
+    def read(self, orch, inst, run) -> dict:
+        return command.read(orch, inst, run)
+
+    def watch(self, orch, job, inst, run, view) -> None:
+        return None
+
+    def take_checkpoint(self, orch, job, inst, run):
+        return None, None
+
+    def bring_home(self, orch, job, inst, run, dest, view=None, strict=True) -> list[str]:
+        return command.pull_outputs(orch, inst, self._cmd(), dest, strict=strict)[0]
+
+    def completed(self, job, how, dest, ended):
+        return f"noted; {how}; {ended}", {"weights": str(dest)}
+
+
+def test_a_new_job_kind_is_one_class_and_one_registration(orch_home, monkeypatch):
+    """Nothing in submit or the engine names a kind: a kind they have never seen is planned,
+    launched, watched, brought home and ended like the two orch has."""
+    from orchestrator import jobs
+    from orchestrator.jobs.kinds import KINDS
+    from orchestrator.provider import Request
+
+    monkeypatch.setitem(KINDS, NoteKind.key, NoteKind)
+    orch = open_orch()
+    js = jobs.JobSpec(kind="note", work=Note("hello from a new kind"), request=Request(name="n1", cpu=True))
+    job = jobs.submit(orch, jobs.Submission("n1", js)).job
+    job = wait_for(lambda: (lambda j: j if j.state in jobs.ENDED else None)(jobs.advance(orch, orch.ledger.job("n1"))),
+                   timeout=60, what="the note job to end")
+    assert job.state == "completed", (job.state, job.reason)
+    assert (orch_home / "runs" / "n1" / "note.txt").read_text() == "hello from a new kind"
+    assert json.loads(job.spec)["note"] == {"text": "hello from a new kind"}
+    assert [i for i in orch.ledger.instances() if i.state not in ("destroyed", "failed", "lost")] == []

@@ -29,7 +29,7 @@ def _export(platform: str, name: str, data: Optional[str], model: str, epochs: i
                               train_args=training.parse_train_args(train_arg or []), push_to=push_to)
     training.check_spec(spec)
     if spec.save_period is None:
-        spec.save_period = jobs.default_save_period(epochs)  # milestones on the volume, as `orch run` keeps them
+        spec.save_period = training.default_save_period(epochs)  # milestones on the volume, as `orch run` keeps them
     gpu_name = export.gpu_name(platform, gpu, gpus)
     if not 0 <= retries <= jobs.MAX_RETRIES:
         raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {retries}")

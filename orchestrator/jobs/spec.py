@@ -29,13 +29,6 @@ def attempt_name(job_name: str, number: int) -> str:
     return f"{job_name}-a{number}"
 
 
-def default_save_period(epochs: int) -> int:
-    """About ten epoch_N.pt milestones per job (every epoch for jobs of ten epochs or fewer): each is a
-    whole checkpoint pulled home, so more would cost disk and transfer, fewer would leave long gaps.
-    (Resuming never needs them: it uses the verified copy of last.pt.)"""
-    return max(1, -(-epochs // 10))
-
-
 @dataclass
 class JobSpec:
     """What a job runs (``work``, the spec of its kind: ``jobs.kinds``) and how it rents.

@@ -13,14 +13,13 @@ from orchestrator.errors import UsageError
 from orchestrator.jobs import engine, resume_copy
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.record import note
-from orchestrator.jobs.spec import JobSpec, Submission
+from orchestrator.jobs.spec import Submission
 from orchestrator.jobs.states import ACTIVE, PLANNED
 
 
 @dataclass
 class Submitted:
-    spec: JobSpec  # as prepared (its disk sized, its data packed)
-    choice: Choice
+    choice: Choice  # the plan, with the ranked offers it chose from
     job: Any = None  # None for a dry run: nothing recorded, nothing rented
 
 
@@ -43,11 +42,11 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
     check_plan(choice, sub.max_cost)
     orch.say(f"plan: {choice.line}")
     if dry_run:
-        return Submitted(js, choice)
+        return Submitted(choice)
     if sub.max_cost is not None and choice.usd is None:
         orch.say(f"      no estimate for this offer: --max-cost ${sub.max_cost:g} is enforced while it runs")
     job = _record(orch, replace(sub, spec=js), choice, time.monotonic() - t0)
-    return Submitted(js, choice, engine.start(orch, job, choice))
+    return Submitted(choice, engine.start(orch, job, choice))
 
 
 def _record(orch, sub: Submission, choice: Choice, plan_seconds: float):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider.model import Capabilities, Offer, Remote, Request, Status
 
 
@@ -123,6 +124,20 @@ class Provider(ABC):
             if remote.label == label and remote.status != Status.GONE:
                 return remote
         return None
+
+    def find_within(self, label: str, seconds: float) -> tuple[Remote | None, Exception | None]:
+        """An instance by its label, looked for up to ``seconds`` (after a create whose answer was
+        lost: a new instance may be missing from a listing for a while). (what was found, None), or
+        (None, the last listing's error when it failed, else None)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                found, failed = self.find(label), None
+            except ProviderError as e:
+                found, failed = None, e
+            if found or time.monotonic() >= deadline:
+                return found, failed
+            time.sleep(max(self.poll_seconds, 0.05))
 
     def never_answers(self, remote: Remote, waited: float) -> str | None:
         """Why an instance seen so, ``waited`` seconds into the wait for SSH, will never answer

@@ -1,4 +1,5 @@
-"""The AWS provider's verbs; each concern it asks of EC2 is a module of this package."""
+"""The AWS provider's verbs; each concern it asks of EC2 is a module of this package (one module per
+concern, as SkyPilot's ``sky/provision/aws/``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from providers.aws.offers import check_request, list_offers
 from providers.aws.session import AWSError, Session, aws, credentials_found
 from providers.aws.settings import check as check_settings
 
-# How long after our own create a "no such instance" means "not visible yet" (eventual consistency).
+# How long after our own create a "no such instance" means "not visible yet": right after a create, an
+# instance may not be visible yet (EC2 API, "Eventual consistency"), so a lookup that misses an
+# instance this process just made says pending, not gone (``JustMade``).
 VISIBILITY_GRACE_S = 120.0
 
 
@@ -87,6 +90,8 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups):
         self._await(provider_id, {Status.GONE}, self.number("destroy_timeout", 600), "terminate")
 
     # -- Stoppable: on demand only (EC2 User Guide, "Stop and start Spot Instances") -------
+    # A one-time spot instance cannot be stopped (only instances of a persistent request can):
+    # ``stops(spot=True)`` says so, and its shutdown behaviour is terminate (``launch.run_args``).
     def stops(self, spot: bool) -> bool:
         return not spot
 

@@ -57,7 +57,9 @@ def remote(inst: dict, region: str, ssh_user: str, private: bool = False) -> Rem
         price_hr=(price or 0.0) + (disk_hr or 0.0) if price is not None else None, stopped_price_hr=disk_hr,
         gpu_name=tags.get("orch:gpu") or None, gpus=gpus, spot=inst.get("InstanceLifecycle") == "spot",
         private_ip=inst.get("PrivateIpAddress") or None,  # where the other nodes of its group reach it
-        preempted=reason.startswith("Server.Spot"),  # SpotInstanceTermination, SpotInstanceShutdown, ...
+        # A spot instance that EC2 takes back carries a state reason ``Server.SpotInstanceTermination``
+        # (or ``Server.SpotInstanceShutdown``, stopped): it is reported preempted, not lost.
+        preempted=reason.startswith("Server.Spot"),
         detail=f"{state}" + (f" ({reason})" if reason else "") + f" in {zone}",
         raw={"InstanceType": inst.get("InstanceType"), "State": state, "StateReason": reason,
              "InstanceLifecycle": inst.get("InstanceLifecycle"), "ImageId": inst.get("ImageId")},

@@ -5,13 +5,6 @@ place in turn until one has capacity).
 A plan's offer, where it chose one (``Request.quote``), is rented as it was listed: its type, its
 region, its prices and its zones by spot price come from that listing, and nothing is listed again.
 Without one, the request's offers are listed here and the cheapest is taken.
-
-Spot: no ``MaxPrice`` is sent unless the user gave ``--bid`` (botocore's EC2 model, SpotMarketOptions:
-"We do not recommend using this parameter because it can lead to increased interruptions. If you
-do not specify this parameter, you will pay the current Spot price"). A spot create goes to the
-cheapest zone, and on a capacity error to the next zone by price (as dstack's AWS backend moves on
-through its offers). ``run_instances`` carries the orch label as its ClientToken: a create repeated
-after an error returns the instance the first one made (EC2 API, "Ensuring idempotency").
 """
 
 from __future__ import annotations
@@ -123,7 +116,11 @@ def launch(session: Session, chosen: Plan, request: Request, label: str, public_
     key = ensure_key(session, region, public_key)
     group = ensure_ssh_group(session, region)
     refusals = []
+    # A spot create goes to the cheapest zone, and on a capacity error to the next zone by price (as
+    # dstack's AWS backend moves on through its offers).
     for i, (zone, price) in enumerate(chosen.places):
+        # ``run_instances`` carries the orch label as its ClientToken: a create repeated after an error
+        # returns the instance the first one made instead of a second one (EC2 API, "Ensuring idempotency").
         args = run_args(session, chosen, request, label, image, disk, key, group, zone, price,
                         token=label if i == 0 else f"{label}-{_short(zone)}")
         try:
@@ -153,6 +150,10 @@ def run_args(session: Session, chosen: Plan, request: Request, label: str, image
                            for kind in ("instance", "volume")])
     if request.spot:
         options = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        # No ``MaxPrice`` unless the user gave ``--bid`` (botocore's EC2 model, SpotMarketOptions: "We do
+        # not recommend using this parameter because it can lead to increased interruptions. If you do
+        # not specify this parameter, you will pay the current Spot price"); the plan's cost is still
+        # the live price.
         if chosen.max_price is not None:  # only the user's --bid: a ceiling of orch's own only ends it sooner
             options["MaxPrice"] = f"{chosen.max_price:.4f}"
         args["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}

@@ -1,5 +1,7 @@
-"""Offers: the GPU instance types of each region (``describe_instance_types``' GpuInfo), those the
-AMI runs, each with its on-demand price from the table and its live spot price per zone."""
+"""Offers: the GPU instance types of each configured region (``describe_instance_types``' GpuInfo:
+NVIDIA GPUs, count, memory), those the AMI runs, each with its on-demand price from the table and its
+live spot price per zone. Every offer says where its price comes from, and keeps its zones' spot
+prices: a create that rents it as listed (``Request.quote``) asks for neither again."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from orchestrator.provider import Offer, Request
 from providers.aws.prices import EBS_GB_MONTH, Zones, price_table, spot_prices
 from providers.aws.session import REGION, Session, aws, family
 
-# The families the default Deep Learning AMI runs (its release notes: "Supported EC2 instances").
+# The families the default Deep Learning AMI (OSS Nvidia driver, PyTorch 2.9, Ubuntu 24.04) runs: G4dn,
+# G5, G6, Gr6, G6e, P4d, P4de, P5, P5e, P5en and P6-B200 (its release notes: "Supported EC2 instances").
+# Only those are offered unless ``ami`` (or ``--image``) names another AMI.
 DLAMI_FAMILIES = {"g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"}
 TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
 
@@ -43,7 +47,7 @@ def check_request(settings: dict[str, Any], request: Request) -> None:
 
 # -- GpuInfo (botocore's GpuDeviceInfo) ------------------------------------------------------------
 def fractional(t: dict) -> bool:
-    """A type whose GPUs are fractions of one (GpuPartitionSize < 1, botocore's GpuDeviceInfo)."""
+    """A type whose GPUs are fractions of one (GpuPartitionSize < 1, botocore's GpuDeviceInfo): never offered."""
     return any(float(g.get("GpuPartitionSize") or 1) < 1 for g in (t.get("GpuInfo") or {}).get("Gpus") or [])
 
 

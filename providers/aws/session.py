@@ -1,5 +1,8 @@
 """boto3, as orch asks it: one session, one EC2 client per region, the regions orch works in
-(configured, and remembered where it has created), and boto3's errors as orch's."""
+(configured, and remembered where it has created), and boto3's errors as orch's.
+
+Credentials and region are read the way every AWS tool reads them (environment, ``~/.aws``, a
+profile); ``AWS_ENDPOINT_URL`` (boto3's own) points it elsewhere."""
 
 from __future__ import annotations
 
@@ -19,10 +22,12 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")  # us-east-1, ap-southeast-2, us-
 
 _AUTH_CODES = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
                "ExpiredToken", "OptInRequired", "RequestExpired"}
-# No machine for this request now, here (EC2 API "Error codes"): another zone, region or provider may have one.
+# No machine for this request now, here (EC2 API "Error codes"; ``Unsupported``: not in that zone): another
+# zone, region or provider may have one. These are no capacity, so a job moves on.
 NO_CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
                "InsufficientReservedInstanceCapacity", "UnfulfillableCapacity", "Unsupported", "SpotMaxPriceTooLow"}
-# The account's limit, not the cloud's stock: named, with how to raise it (Service Quotas, EC2).
+# The account's limit, not the cloud's stock: one line naming the Service Quotas quota (by instance
+# family and market) and how to raise it (``quota_line``).
 QUOTA = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"}
 # Service Quotas' EC2 quotas by instance family bucket: (on-demand name, code), (spot name, code).
 QUOTAS = {
@@ -145,7 +150,9 @@ class Session:
 
     def created_in(self) -> list[str]:
         """Regions orch has created instances in (remembered in orch's home), which may lie outside
-        ``regions``: a listing that skipped them would never see, nor adopt, what is there."""
+        ``regions``: an instance is made where its offer is (``--offer us-west-2:g5.xlarge``), and a
+        listing that skipped them would never see, nor adopt, what is there. Listing, lookup and
+        adoption look there too."""
         if not self.home:
             return []
         try:

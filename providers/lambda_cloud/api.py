@@ -1,7 +1,8 @@
 """Lambda's REST API v1 over plain HTTPS, with the standard library (Lambda publishes no Python SDK).
 
-Every answer is ``{"data": ...}`` or ``{"error": {"code", "message", "suggestion"}}``; only the
-``code`` is meant for programs (Lambda's OpenAPI description, "Response types"), so only codes are
+What Lambda is comes from its published OpenAPI description (https://cloud.lambda.ai/api/v1/openapi.json,
+v1.10.0). Every answer is ``{"data": ...}`` or ``{"error": {"code", "message", "suggestion"}}``; only
+the ``code`` is meant for programs (the description says so, "Response types"), so only codes are
 read. Whether a failure is worth another try is ``orchestrator.provider.http``'s verdict; what the
 user reads is Lambda's own words.
 """
@@ -20,8 +21,9 @@ from orchestrator.provider.http import Transient
 DEFAULT_BASE_URL = "https://cloud.lambda.ai/api/v1"
 NO_CAPACITY = "instance-operations/launch/insufficient-capacity"
 NOT_FOUND = "global/object-does-not-exist"
-# The launch's 403s (Lambda's OpenAPI description, launchInstance 403: ApiErrorAccountInactive,
-# ApiErrorInvalidBillingAddress), with what fixes each (the description's own suggestions).
+# The launch's 403s are the account's, not the key's (Lambda's OpenAPI description, launchInstance 403:
+# ApiErrorAccountInactive, ApiErrorInvalidBillingAddress): each is named, with what fixes it (the
+# description's own suggestions).
 ACCOUNT_REFUSALS = {
     "global/account-inactive": "the Lambda account is inactive: verify its email address and add a valid payment "
                                "method in the Lambda console (Settings, Billing)",

@@ -18,14 +18,19 @@ from providers.lambda_cloud.health import UNHEALTHY_GRACE_S, Unhealthy
 from providers.lambda_cloud.instances import STATES, remote_from
 from providers.lambda_cloud.offers import asked, instance_types, matching, wanted
 
-VISIBILITY_GRACE_S = 120.0  # a new id GET /instances/{id} does not know yet is pending this long, not gone
-LAUNCH_LOOKUP_SECONDS = 60.0
+# A new id that GET /instances/{id} does not know yet is pending for two minutes, not gone (the grace
+# EC2's eventual consistency gets).
+VISIBILITY_GRACE_S = 120.0
+LAUNCH_LOOKUP_SECONDS = 60.0  # how long a launch whose answer was lost is looked for (``look_for``)
 
 
 class LambdaProvider(Provider, RentsGroups):
     name = "lambda"
-    # No stop, no spot, no self-stop (not a Stoppable, not a SelfEnding). Groups: a group's nodes
-    # launch in one region, where instances reach each other at their private_ip (``groups``).
+    # There is no stop and no spot: spot is declared here and refused in one line, and the provider is
+    # no ``Stoppable``. There is no self-stop either (no ``SelfEnding``): only a terminate through the
+    # API ends the bill, and that needs the account's key, which orch never puts on an instance.
+    # Groups: a group's nodes launch in one region, where instances reach each other at their
+    # private_ip (``groups``).
     capabilities = Capabilities(spot=False, cpu_only=False, gpu=True)
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
     credentials = "LAMBDA_API_KEY, or api_key under [providers.lambda] in config.toml"
@@ -50,7 +55,7 @@ class LambdaProvider(Provider, RentsGroups):
 
     def _candidates(self, request: Request) -> list[Offer]:
         """What to launch: the plan's quote as it was listed (its regions with capacity then), with no
-        second listing; else the live offers, cheapest first."""
+        second ``GET /instance-types``; else the live offers, cheapest first."""
         quote = request.quote
         if quote is None:
             return self.offers(request)
@@ -91,10 +96,13 @@ class LambdaProvider(Provider, RentsGroups):
             except ERRORS as e:
                 error = e
             if error.code == NO_CAPACITY:
+                # ``instance-operations/launch/insufficient-capacity``: that offer was taken meanwhile.
                 queue.pop(0)  # taken meanwhile: the next region, else the next type
                 continue
             if isinstance(error, Transient) and error.status == 429:
-                # The rate limiter refused the launch itself: nothing was made.
+                # Requests are limited to about one a second, launches to one per 12 seconds (five a
+                # minute): a 429 is waited out and asked again. The rate limiter refused the launch
+                # itself, so nothing was made and a repeated launch makes no second machine.
                 failures += 1
                 if failures >= attempts:
                     raise error
@@ -102,7 +110,8 @@ class LambdaProvider(Provider, RentsGroups):
                 continue
             if not isinstance(error, Transient):
                 raise error
-            # A 5xx or a dropped connection may hide a launch that happened: look, never launch blind again.
+            # A launch has no idempotency token, and an answer lost to a 5xx or a dropped connection may
+            # hide a launch that happened: look, never launch blind again.
             return look_for(self, label, error)
         raise NoCapacity(f"every Lambda Cloud region with {asked(request)} lost its capacity before the launch: "
                          "try again")
@@ -204,20 +213,13 @@ def launch_body(offer: Offer, region: str, image: str | None, label: str, key: s
 
 def look_for(provider: LambdaProvider, label: str, error: ProviderError) -> Remote:
     """After a launch whose answer was lost: the instance by its name, looked for
-    ``launch_lookup_seconds`` (a new instance may be missing from the listing for a while)."""
+    ``launch_lookup_seconds`` (a new instance may be missing from the listing for a while, as
+    RunPod's are). No second launch is sent; reconcile (every reaper pass) adopts one that shows later."""
     window = provider.number("launch_lookup_seconds", LAUNCH_LOOKUP_SECONDS)
-    deadline = time.monotonic() + window
-    while True:
-        try:
-            found, failed = provider.find(label), None
-        except ProviderError as e:
-            found, failed = None, e
-        if found:
-            provider.just_made.made(found.provider_id)
-            return found
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(max(provider.poll_seconds, 0.05))
+    found, failed = provider.find_within(label, window)
+    if found:
+        provider.just_made.made(found.provider_id)
+        return found
     if failed is not None:
         raise ProviderError(f"Lambda Cloud's launch of {label} failed ({error}), and the listing that would "
                             f"show whether it happened anyway failed too ({failed}): orch sends no second launch; "

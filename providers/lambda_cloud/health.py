@@ -1,4 +1,5 @@
-"""An unhealthy instance: wait, one restart, then broken.
+"""An unhealthy instance: wait ``unhealthy_grace``, send one ``/instance-operations/restart``, wait
+again, and only then report it broken (and ``up`` or the reaper destroys it).
 
 ``unhealthy`` is not final (Lambda's OpenAPI description, InstanceStatus; SkyPilot's Lambda
 provisioner, github.com/skypilot-org/skypilot sky/provision/lambda_cloud/instance.py, maps it to

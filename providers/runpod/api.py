@@ -3,6 +3,7 @@
 Every query is written here, never by the SDK: its own ``create_pod`` pastes strings into its query
 unescaped (a ``"`` in an env value breaks it; RunPod's GraphQL takes no variables through
 ``run_graphql_query``), so values go in as ``literal``s. The call honours ``RUNPOD_API_BASE_URL``.
+The SDK is imported only when a call is made (``_sdk``): ``orch --help`` never pays its import.
 Which failure is worth another try is ``orchestrator.provider.http``'s ``Transient``; RunPod's
 own texts say which one it is, since the SDK keeps the HTTP status to itself (an HTML 429 or 502
 reaches us as a JSON decoding error).

@@ -16,7 +16,7 @@ from providers.runpod.offers import CUDA_SETTING, GPU_NAMES, cuda_for, offers_fr
 from providers.runpod.self_stop import self_stop_command
 
 CONTAINER_START_MINUTES = 5.0  # RunPod's own images are cached on its hosts; a big custom image may need more
-CREATE_LOOKUP_SECONDS = 60.0
+CREATE_LOOKUP_SECONDS = 60.0  # how long a pod a failed create may have made is looked for (``create``)
 
 
 class RunPodProvider(Provider, Stoppable, SelfEnding):
@@ -25,8 +25,13 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
     name = "runpod"
     numeric_settings = {"retries": 1, "retry_base": 0, "poll_interval": 0, "container_disk_gb": 1,
                         "destroy_timeout": 0, "container_start_minutes": 0.01, "create_lookup_seconds": 0}
+    # Spot pods are gone: ``podRentInterruptable`` and ``podBidResume`` were removed from the API on
+    # 2026-09-11 (runpod/runpodctl PR #267; dstackai/gpuhunt commit 249b01c "runpod will drop its spot
+    # pods on September 11th"). ``spot=False``; offers carry no spot price.
     capabilities = Capabilities(spot=False, cpu_only=True, gpu=True)
-    new_host_key_on_start = True  # RunPod's images make new host keys at every start (the package's docstring)
+    # RunPod's images delete the SSH host keys and make new ones at every start
+    # (github.com/runpod/containers, official-templates/base/start.sh).
+    new_host_key_on_start = True
     env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
     credentials = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
     # Pods share no private network; RunPod's multi-node offer is Instant Clusters, another API
@@ -43,7 +48,7 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
             raise UsageError(f"[providers.runpod] min_cuda must be a CUDA version such as \"12.4\", not {cuda!r}")
         self.api = GraphQL(self.settings.get("api_key"), attempts=int(self.setting("retries", 5)),
                            base=self.number("retry_base", 0.5))
-        # A new pod that ``pod(podId)`` does not show yet is pending, not gone (the package's docstring).
+        # A new pod that ``pod(podId)`` does not show yet is pending, not gone (``create``, ``get``).
         self._just_made = JustMade(self.number("create_lookup_seconds", CREATE_LOOKUP_SECONDS))
         self._gpu_types: list[dict] | None = None  # names and ids only: prices are always fetched live
 
@@ -81,6 +86,13 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         if request.quote is not None and not request.cpu and request.quote.provider != self.name:
             raise UsageError(f"an offer of {request.quote.provider} cannot be rented on RunPod")
 
+    # A create can fail after the pod was made ("Something went wrong", a 500: runpod/runpodctl issue
+    # #172, and Transformer Lab's client, api/transformerlab/compute_providers/runpod.py
+    # ``_recover_pod_after_error``), and a new pod may be missing from ``myself { pods }`` for a while
+    # (Transformer Lab retries its lookup "to absorb listing lag"). After such an answer the pod is
+    # looked up by its name (the orch label) for ``create_lookup_seconds``, and no second create is
+    # ever sent for it: never two pods for one intent. A refusal that made nothing (a 429 HTML page,
+    # no capacity) is looked up once, then retried.
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         self.validate(request)
         mutation, field = self._deploy(request, label, public_key)
@@ -99,6 +111,8 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
             return pod
         if not pod:
             raise NoCapacity("RunPod created nothing for this request (no capacity?)")
+        # A create that answered is given the same window: a new pod that ``pod(podId)`` does not
+        # show yet is pending, not gone.
         self._just_made.made(pod["id"])
         remote = self.get(pod["id"])
         # Not visible to a lookup yet (the lag its listing shows): pending, as the create's answer says.
@@ -120,6 +134,7 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         pod within ``create_lookup_seconds``) an error that no second create follows."""
         found = self._look_for(label, exc, patient=isinstance(exc, MaybeMade))
         if found:
+            self._just_made.made(found.provider_id)  # as after a create that answered: a lookup may lag
             return found
         if isinstance(exc, MaybeMade):
             raise ProviderError(
@@ -131,21 +146,12 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
     def _look_for(self, label: str, exc: ProviderError, patient: bool) -> Remote | None:
         """The pod a failed create may have made: one look, or (``patient``) looks for
         ``create_lookup_seconds``, since a new pod may be missing from the listing for a while."""
-        deadline = time.monotonic() + (self._just_made.grace if patient else 0)
-        while True:
-            try:
-                found, failed = self.find(label), None
-            except ProviderError as e:
-                found, failed = None, e
-            if found:
-                return found
-            if time.monotonic() >= deadline:
-                if failed is not None:
-                    raise ProviderError(f"creating {label} failed ({exc}), and listing pods to check whether it "
-                                        f"was made anyway failed too ({failed}): check the RunPod console or "
-                                        "`orch reconcile` before retrying") from None
-                return None
-            time.sleep(self.poll_seconds)
+        found, failed = self.find_within(label, self._just_made.grace if patient else 0)
+        if found is None and failed is not None:
+            raise ProviderError(f"creating {label} failed ({exc}), and listing pods to check whether it was made "
+                                f"anyway failed too ({failed}): check the RunPod console or `orch reconcile` before "
+                                "retrying") from None
+        return found
 
     def get(self, provider_id: str) -> Remote:
         pod = self.api.query(pods.lookup(provider_id))["pod"]
@@ -167,16 +173,28 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         return [r for r in remotes if r.status != Status.GONE]
 
     def never_answers(self, remote: Remote, waited: float) -> str | None:
-        """A pod whose container never starts (a driver older than the image's CUDA) bills while
-        RunPod shows it RUNNING for ever: the wait ends after ``container_start_minutes``."""
+        """A pod on a host whose driver is older than the image's CUDA never starts its container
+        ("OCI runtime create failed"; RunPod docs, "Manage Pods", docs.runpod.io/pods/manage-pods):
+        ``runtime`` stays null for ever while RunPod shows it RUNNING and it bills. A pod whose
+        container has not started within ``container_start_minutes`` fails the wait for SSH with that
+        reason, and ``orch up`` destroys it. (Every GPU create sends ``allowedCudaVersions`` against
+        it: ``offers.cuda_for``.)"""
         return pods.never_started(remote, waited, self.number("container_start_minutes", CONTAINER_START_MINUTES) * 60)
 
     def stop(self, provider_id: str) -> None:
-        """A GPU pod keeps its volume; a CPU pod has none and keeps nothing (the package's docstring)."""
+        """A GPU pod keeps its volume; a CPU pod has none and keeps nothing."""
+        # Only the pod's volume disk (``/workspace``) survives a stop; the container disk is cleared
+        # (RunPod docs, "Manage Pods", "Stop a Pod"; "Storage options", docs.runpod.io/pods/storage/types).
+        # CPU pods have no volume disk (``pods.deploy``). They can be stopped and started (REST v2
+        # ``POST /pods/{id}/action``: a stop releases "GPU/CPU compute"), but a stop keeps nothing of
+        # theirs: a started CPU pod is a fresh container, its work dir included. While stopped it
+        # bills nothing.
         if self._need(provider_id).status != Status.STOPPED:
             self.api.query(pods.stop(provider_id))
 
     def start(self, provider_id: str) -> Remote:
+        # A stop releases the GPU, so a resume can be refused; the volume is kept meanwhile
+        # ($0.20/GB-month stopped, ``offers.VOLUME_STOPPED_GB_MONTH``).
         remote = self._need(provider_id)
         if remote.status != Status.STOPPED:
             return remote

@@ -15,8 +15,10 @@ VOLUME_STOPPED_GB_MONTH = 0.20
 GPU_NAMES = "query GpuTypes { gpuTypes { id displayName memoryInGb } }"
 
 # The CUDA versions a host may report, as allowedCudaVersions spells them. Matching is exact (a
-# version no host reports matches nothing, REST v2 openapi), so the list runs ahead of today's
-# drivers; a host newer than its end is left out, which costs capacity, never a dead pod.
+# version no host reports matches nothing: RunPod's REST API v2 OpenAPI,
+# ``CreateGpuConfig.allowedCudaVersions``), so the list names every version from the minimum on and
+# runs ahead of today's drivers; a host newer than its end is left out, which costs capacity, never
+# a dead pod.
 CUDA_VERSIONS = [(11, 8)] + [(12, m) for m in range(10)] + [(13, m) for m in range(10)]
 # The CUDA an image needs, from its tag: RunPod's "...-cuda12.4.1-..." and "...-cu1281-...",
 # nvidia/cuda's "cuda:12.4.1-...". (The container runtime checks the image's NVIDIA_REQUIRE_CUDA,
@@ -35,6 +37,10 @@ def allowed_cuda(minimum: tuple[int, int]) -> list[str]:
     return [f"{major}.{minor}" for major, minor in CUDA_VERSIONS if (major, minor) >= minimum]
 
 
+# Every GPU create sends ``allowedCudaVersions`` (RunPod docs, GraphQL "Manage Pods",
+# docs.runpod.io/sdks/graphql/manage-pods, "Filter by CUDA version"; dstack sends a minimum CUDA on
+# every create): the versions at or above the image's CUDA, read from its tag (setting ``min_cuda``
+# overrides), so that no pod lands on a host whose driver cannot start it (``RunPodProvider.never_answers``).
 def cuda_for(image: str, min_cuda: str = "") -> list[str] | None:
     """allowedCudaVersions for ``image``: every version from the one it needs (``min_cuda``, the
     setting, else its tag); None when neither says (then RunPod may place it anywhere)."""
@@ -66,8 +72,8 @@ def prices_query(gpus: int) -> str:
 
 def offers_from(types: list[dict], gpus: int, provider: str = "runpod") -> list[Offer]:
     """The offers among ``types`` (a ``prices_query`` answer) for ``gpus`` GPUs. Out of stock
-    (``stockStatus`` null) is left out, as gpuhunt does (src/gpuhunt/providers/runpod.py
-    ``_make_offers``). No spot prices: RunPod has no spot pods any more."""
+    (``stockStatus`` null) is left out, as gpuhunt does (dstackai/gpuhunt, src/gpuhunt/providers/runpod.py
+    ``_make_offers``). No spot prices: RunPod has no spot pods any more (``RunPodProvider.capabilities``)."""
     offers = []
     for t in types:
         if (t.get("maxGpuCount") or gpus) < gpus:

@@ -54,8 +54,10 @@ def deploy(request: Request, label: str, public_key: str, *, image: str, contain
         "env": [{"key": k, "value": str(v)} for k, v in env.items()],
     }
     if request.cpu:
-        # No volume: deployCpuPodInput has none (see the package's docstring); the container
-        # disk holds everything, and a stop clears it.
+        # CPU pods have no volume disk: "CPU pods support container disk and network volumes only;
+        # ``mounts.persistent`` is invalid when ``cpu`` is set" (REST API v2 OpenAPI, CreatePodRequest;
+        # PersistentMount: "Disallowed on CPU pods"), and ``deployCpuPodInput`` has no ``volumeInGb``.
+        # The container disk holds everything, and a stop clears it.
         fields.update(instanceId=cpu_instance, cloudType=GraphQLEnum("SECURE"),
                       containerDiskInGb=max(container_gb, int(request.disk_gb)))
         mutation = "deployCpuPod"

@@ -65,6 +65,8 @@ def once(sdk, fn: Callable[[], Any], what: str) -> Any:
         raise http.Transient(f"cannot reach Vast.ai at {sdk.client.server_url} ({what}): {e}") from None
     except (requests.JSONDecodeError, KeyError) as e:  # the SDK indexes answers without looking
         raise VastError(f"Vast.ai answered {what} with something unexpected ({e!r})") from None
+    # Failures arrive as HTTP 200 with ``success: false`` (the SDK checks it itself:
+    # vastai/async_/client.py ``create_instance``): every answer is checked here.
     if isinstance(answer, dict) and answer.get("success") is False:
         code, msg = answer.get("error"), answer.get("msg") or answer.get("message")
         raise VastError(f"Vast.ai refused {what}: {msg or code or answer}", code=code, answer=answer)

@@ -130,12 +130,14 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
     def _create_once(self, offer: Offer, request: Request, label: str) -> tuple[str | None, ProviderError | None]:
         """One create on ``offer``: (the instance it made, if any, whatever it answered; its error)."""
         # cancel_unavail: without it an offer taken meanwhile makes a stopped instance, not an
-        # error (the CLI's help for --cancel-unavail).
+        # error (the CLI's help for ``vastai create instance --cancel-unavail``: "Return error if
+        # scheduling fails (rather than creating a stopped instance)").
         args: dict[str, Any] = dict(image=request.image or self.settings.get("image") or DEFAULT_IMAGE,
                                     disk=float(request.disk_gb), env=dict(request.env), label=label, ssh=True,
                                     direct=True, cancel_unavail=True)
         if request.spot:
-            # Always explicit: a create without a bid rents on-demand and does not say so.
+            # Always explicit: a create without a bid rents on-demand and does not say so
+            # (vastai/api/instances.py ``build_create_instance_payload``: ``"price": null``).
             args["bid_price"] = bid(request, offer, self.number("spot_margin", 0.05))
         try:
             answer = api.slow(self._sdk, lambda: self._sdk.create_instance(int(offer.offer_id), **args), "create",
@@ -147,12 +149,17 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
             raise
         except ProviderError as e:
             # An error answer that carries new_contract made that instance anyway (dstack's Vast
-            # client, api_client.py VastAICreateInstanceError: a bid too low creates it stopped).
+            # client, src/dstack/_internal/core/backends/vastai/api_client.py
+            # ``VastAICreateInstanceError``: "Vast.ai creates spot instances in the stopped state and
+            # returns an error if the bid is insufficient").
             contract = getattr(e, "answer", {}).get("new_contract")
             if contract:
                 return str(contract), e
             error = e
-        # A 502 (and the SDK's own re-send, 404 no_such_ask) can hide a machine that bills.
+        # A create that answered an error may have rented, and bill, a machine anyway: the SDK
+        # re-sends 429/502/503/504 on every method, ``PUT /asks/{id}/`` included (vastai/api/client.py
+        # ``_RETRYABLE_STATUS``), and the re-sent create meets its own now-rented offer (404
+        # ``no_such_ask``). So after any create error the instance is looked up by its label.
         try:
             found = self.find(label)
         except ProviderError as e:
@@ -196,7 +203,9 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
         return self._remote(row)
 
     def list(self) -> list[Remote]:
-        """The v1 listing, every page, keys checked: a failed listing is never an empty fleet."""
+        """The v1 listing, every page, keys checked: a failed listing is never an empty fleet (the
+        SDK's ``show_instances`` turns one into ``[]``: vastai/api/instances.py
+        ``data.get("instances") or []``)."""
         params: dict[str, Any] = {"select_filters": {}, "order_by": [{"col": "id", "dir": "asc"}], "limit": 25}
         remotes, seen = [], set()
         while True:
@@ -219,7 +228,8 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
 
     def start(self, provider_id: str) -> Remote:
         """Ask for the start: Vast accepts it and the instance then waits (scheduling) until its
-        host frees the GPU, possibly for ever. The waiting, and giving up, is the caller's."""
+        host frees the GPU, possibly for ever (Vast.ai docs, CLI reference "start instance");
+        stopping again is how to give up. The waiting, and giving up, is the caller's."""
         self._call(lambda: self._sdk.start_instance(vast_id(provider_id)), f"start of instance {provider_id}")
         return self.get(provider_id)
 

@@ -9,8 +9,8 @@ from orchestrator.errors import UsageError
 from orchestrator.provider import Offer, Request, bid_with_margin, stopped_rate
 from providers.vastai.api import VastError
 
-# Vast prices storage per month of 720 hours: the OpenAPI show_instance example has
-# storage_cost × GB / 720 = dph_total - dph_base (orch's own month is 730 h).
+# Vast prices storage per month of 720 hours: Vast.ai's OpenAPI ``show_instance`` example has
+# storage_cost × GB / 720 = dph_total − dph_base (orch's own month is 730 h).
 VAST_HOURS_PER_MONTH = 720.0
 
 

@@ -38,12 +38,12 @@ class TrainingKind(JobKind):
 
     # -- before anything is rented -------------------------------------------------------------
     def prepare(self, orch, js, disk_given: bool):
-        from orchestrator import jobs, offers, training
+        from orchestrator import offers, training
 
         spec = self.spec
         chose_period = spec.save_period is None
         if chose_period:
-            spec.save_period = jobs.default_save_period(spec.epochs)
+            spec.save_period = training.default_save_period(spec.epochs)
         training.prepare(spec, orch.home, orch.say)
         if chose_period:  # said once the data is known good: a refusal stays one line
             orch.say(f"      save_period: every {spec.save_period} epoch(s), {spec.epochs // spec.save_period} "
