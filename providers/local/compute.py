@@ -16,7 +16,8 @@ from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, RentsGroups, Request, SelfEnding,
                                    Status, Stoppable, parse_label)
 from providers.local.machine import local_gpus, local_vram_gb
-from providers.local.sshd import address, free_port, host_key, kill_instance, port_free, running, start_sshd
+from providers.local.sshd import (address, free_port, host_key, instance_pids, kill_instance, port_free, running,
+                                  start_sshd)
 
 
 class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
@@ -125,15 +126,21 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
         return self.get(provider_id)
 
     def destroy(self, provider_id: str) -> None:
+        """Gone once its folder is gone and nothing of it runs. A self-stop racing this destroy may
+        write meta.json back, and a session its sshd accepted just before it died may start after
+        the kill (a look of the reaper's, making its work dir again): each is ended, and the
+        folder removed again, until neither comes back."""
         root = self._dir(provider_id)
-        for _ in range(20):  # a self-stop racing this destroy may write meta.json back meanwhile
+        parsed = parse_label(provider_id)
+        instance_id = parsed[0] if parsed else None
+        for _ in range(20):
             meta = self._meta(provider_id)
-            if meta is not None:
-                kill_instance(root, meta["instance_id"])
+            if meta is not None or instance_id:
+                kill_instance(root, (meta or {}).get("instance_id") or instance_id)
             shutil.rmtree(root, ignore_errors=True)
-            if not root.exists():
+            time.sleep(0.05)
+            if not root.exists() and not (instance_id and instance_pids(instance_id)):
                 return
-            time.sleep(0.1)
         raise ProviderError(f"could not remove {root}")
 
     def offers(self, request: Request) -> list[Offer] | None:
