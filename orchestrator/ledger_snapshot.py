@@ -94,12 +94,8 @@ def _sqlite(url: str, live_only: bool, name: str | None) -> Snapshot | None:
     """None when the file is missing or not at the schema head: the ledger proper migrates it."""
     from migrations import HEAD
 
-    db = config.sqlite_path(url)
-    if db is None or not db.is_file():
-        return None
-    try:
-        conn = ledger_sql.open_ro(db)
-    except sqlite3.Error:
+    conn = ledger_sql.reader(config.sqlite_path(url))
+    if conn is None:
         return None
     try:
         with quiet_gc():

@@ -87,6 +87,17 @@ def open_ro(db: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{quote(str(db.resolve()))}?mode=ro", uri=True, timeout=30)
 
 
+def reader(db: Path | None) -> sqlite3.Connection | None:
+    """A read-only connection to the SQLite ledger at ``db``; None when there is none to read
+    (the fast readers then leave it to the ledger proper, which makes or migrates it)."""
+    if db is None or not db.is_file():
+        return None
+    try:
+        return open_ro(db)
+    except sqlite3.Error:
+        return None
+
+
 def _sqlite(db: Path, query: str, columns, params: tuple = ()) -> list[dict]:
     if not db.is_file():
         return []

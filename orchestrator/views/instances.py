@@ -47,11 +47,8 @@ def fast_read(db: Path, head: str, include_ended: bool, meta_keys: tuple[str, ..
     """Instances and meta values straight from SQLite with the standard library; None when the
     database is missing or not at the schema head, so the caller opens the ledger properly
     (which migrates it)."""
-    if not db.is_file():
-        return None
-    try:
-        conn = ledger_sql.open_ro(db)
-    except sqlite3.Error:
+    conn = ledger_sql.reader(db)
+    if conn is None:
         return None
     try:
         conn.row_factory = sqlite3.Row
