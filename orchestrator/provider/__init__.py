@@ -11,8 +11,9 @@ one. ``base`` holds the verbs, ``features`` the optional ones, ``model`` the wor
 from orchestrator.provider.base import Provider
 from orchestrator.provider.features import RentsGroups, SelfEnding, Stoppable, can_stop, self_end_commands
 from orchestrator.provider.model import (HOURS_PER_MONTH, TAG, Capabilities, Endpoint, Offer, Progress, Remote,
-                                         Request, Status, bid_with_margin, label_for, parse_label, stopped_rate)
+                                         Request, Status, bid_with_margin, key_name, label_for, parse_label,
+                                         stopped_rate)
 
 __all__ = ["Provider", "Stoppable", "SelfEnding", "RentsGroups", "can_stop", "self_end_commands", "Capabilities",
            "Endpoint", "Offer", "Progress", "Remote", "Request", "Status", "HOURS_PER_MONTH", "TAG",
-           "bid_with_margin", "label_for", "parse_label", "stopped_rate"]
+           "bid_with_margin", "key_name", "label_for", "parse_label", "stopped_rate"]

@@ -32,6 +32,19 @@ def parse_label(label: str | None) -> tuple[str, str] | None:
     return (m["id"], m["name"]) if m else None
 
 
+def key_name(public_key: str) -> str:
+    """The name orch gives its SSH key in a provider account that holds keys: ``orch-`` and its
+    fingerprint, so another key never collides with it."""
+    import base64
+    import hashlib
+
+    try:
+        blob = base64.b64decode(public_key.split()[1])
+    except (IndexError, ValueError):
+        blob = public_key.encode()
+    return "orch-" + hashlib.sha256(blob).hexdigest()[:12]
+
+
 def stopped_rate(disk_gb: float, per_gb_month: float, hours_per_month: float = HOURS_PER_MONTH) -> float:
     """What a stopped machine's disk bills per hour: GB × $/GB-month / hours in a month."""
     return disk_gb * per_gb_month / hours_per_month

@@ -19,7 +19,7 @@ from providers.aws.groups import GROUP_LOCK, close_group, node_of_group
 from providers.aws.images import DEFAULT_AMI_NAME, DEFAULT_AMI_OWNER
 from providers.aws.instances import LABEL_TAG, provider_id, split_id
 from providers.aws.launch import DEFAULT_CPU_TYPE, Plan
-from providers.aws.network import SECURITY_GROUP, account_key, ensure_key, ensure_ssh_group, key_pair_name
+from providers.aws.network import SECURITY_GROUP, account_key, ensure_key, ensure_ssh_group
 from providers.aws.offers import DLAMI_FAMILIES, offer_type
 from providers.aws.prices import EBS_GB_MONTH, LINUX, ON_DEMAND, ON_DEMAND_SOURCE, spot_prices
 from providers.aws.self_stop import POWER_OFF
@@ -27,7 +27,7 @@ from providers.aws.session import DEFAULT_REGION, QUOTAS, REGIONS_FILE, AWSError
 
 __all__ = ["AWSProvider", "VISIBILITY_GRACE_S", "GROUP_LOCK", "close_group", "node_of_group", "DEFAULT_AMI_NAME",
            "DEFAULT_AMI_OWNER", "LABEL_TAG", "provider_id", "split_id", "DEFAULT_CPU_TYPE", "Plan",
-           "SECURITY_GROUP", "account_key", "ensure_key", "ensure_ssh_group", "key_pair_name", "DLAMI_FAMILIES",
+           "SECURITY_GROUP", "account_key", "ensure_key", "ensure_ssh_group", "DLAMI_FAMILIES",
            "offer_type", "EBS_GB_MONTH", "LINUX", "ON_DEMAND", "ON_DEMAND_SOURCE", "spot_prices", "POWER_OFF",
            "DEFAULT_REGION", "QUOTAS", "REGIONS_FILE", "AWSError", "QuotaExceeded", "Session"]
 

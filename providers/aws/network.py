@@ -5,22 +5,11 @@ looked up again, not an error; a group that lost its port-22 rule gets it back."
 
 from __future__ import annotations
 
-import base64
-import hashlib
-
 from orchestrator.errors import ProviderError
+from orchestrator.provider import key_name
 from providers.aws.session import AWSError, Session, aws
 
 SECURITY_GROUP = "orch-ssh"
-
-
-def key_pair_name(public_key: str) -> str:
-    """orch's key pair name: its fingerprint, so another key never collides with it."""
-    try:
-        blob = base64.b64decode(public_key.split()[1])
-    except (IndexError, ValueError):
-        blob = public_key.encode()
-    return "orch-" + hashlib.sha256(blob).hexdigest()[:12]
 
 
 def has_key(session: Session, region: str, name: str) -> bool:
@@ -35,7 +24,7 @@ def has_key(session: Session, region: str, name: str) -> bool:
 
 
 def ensure_key(session: Session, region: str, public_key: str) -> str:
-    name = key_pair_name(public_key)
+    name = key_name(public_key)
     if has_key(session, region, name):
         return name
     try:
@@ -50,7 +39,7 @@ def ensure_key(session: Session, region: str, public_key: str) -> str:
 
 def account_key(session: Session, public_key: str) -> str:
     """Where orch's key is held as a key pair, and where the first create will import it."""
-    name = key_pair_name(public_key)
+    name = key_name(public_key)
     held = [region for region in session.regions if has_key(session, region, name)]
     where = f"held as EC2 key pair {name} in {', '.join(held)}" if held else "not imported yet"
     missing = [r for r in session.regions if r not in held]

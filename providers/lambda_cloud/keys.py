@@ -4,25 +4,14 @@ fingerprint."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-
 from orchestrator.errors import ProviderError
+from orchestrator.provider import key_name
 from providers.lambda_cloud.api import LambdaError, Session
 
 
 def key_blob(public_key: str) -> str:
     """'ssh-ed25519 AAAA...' of a public key line, without its comment: what identifies the key."""
     return " ".join(public_key.split()[:2])
-
-
-def key_name(public_key: str) -> str:
-    """The name orch gives its key in an account: its fingerprint, so another key never collides."""
-    try:
-        blob = base64.b64decode(public_key.split()[1])
-    except (IndexError, ValueError):
-        blob = public_key.encode()
-    return "orch-" + hashlib.sha256(blob).hexdigest()[:12]
 
 
 def _listed(api: Session) -> list[dict]:
