@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from orchestrator.provider.model import Remote, Request
+from orchestrator.provider.model import Offer, Remote, Request, Volume
 
 
 class Stoppable(ABC):
@@ -55,6 +55,34 @@ class RentsGroups(ABC):
     @abstractmethod
     def close_group(self, group: str) -> None:
         """After every node of the group is gone: give back what ``open_group`` made. Idempotent."""
+
+
+class HasVolumes(ABC):
+    """Makes persistent volumes that outlive an instance and mounts them on the instances it rents
+    (``Request.mounts``). A volume lives in one place (``volume_place`` names the kind: a data
+    center, a region, a zone, a machine, a folder); only offers in that place can mount it."""
+
+    volume_place: ClassVar[str] = "region"
+    # Several instances may mount one volume at once (Lambda's filesystems): a group can share one.
+    shared_volumes: ClassVar[bool] = False
+    min_volume_gb: ClassVar[int] = 1
+    max_volume_gb: ClassVar[int] = 16384
+
+    @abstractmethod
+    def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
+        """Make a volume tagged as orch's, named ``name``; ``where`` None: the provider's default place."""
+
+    @abstractmethod
+    def list_volumes(self) -> list[Volume]:
+        """Every volume of orch's at this provider; a failure raises (never an empty list)."""
+
+    @abstractmethod
+    def delete_volume(self, volume: Volume) -> None:
+        """Delete it; idempotent (a volume already gone is not an error)."""
+
+    @abstractmethod
+    def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
+        """Whether an instance rented from ``offer`` can mount ``volume`` (same place)."""
 
 
 def can_stop(provider, spot: bool) -> bool:

@@ -113,6 +113,9 @@ class Request:
     # The live offer a plan chose (its id is ``offer``): the create rents it as it was listed,
     # without listing the provider's offers again. Never stored.
     quote: Offer | None = None
+    # Volumes to mount on the machine before anything runs on it (`--volume NAME:PATH`, a task's
+    # ``volumes:``); the create attaches them where the provider attaches at launch.
+    mounts: tuple["Mount", ...] = ()
 
 
 @dataclass
@@ -161,3 +164,27 @@ class Offer:
     min_bid_per_gpu: float | None = None  # the live minimum spot bid per GPU, where the market has bids
     note: str | None = None  # what a user should know of this price (a table's date, say)
     raw: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A provider's persistent volume that orch made (tagged with orch's tag and its name)."""
+
+    name: str  # orch's name for it, unique in the ledger
+    provider: str
+    volume_id: str  # the provider's own id
+    where: str  # where it lives, in the provider's terms: a data center, a region, a zone, a machine
+    size_gb: int
+    price_gb_month: float | None = None
+    attached_to: tuple[str, ...] = ()  # provider ids of the instances it is attached to now
+    created_at: float | None = None  # epoch seconds, where the provider says
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A volume and the absolute path it is mounted at on the instance."""
+
+    volume: Volume
+    path: str
+
