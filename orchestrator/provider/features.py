@@ -56,6 +56,25 @@ class RentsGroups(ABC):
     def close_group(self, group: str) -> None:
         """After every node of the group is gone: give back what ``open_group`` made. Idempotent."""
 
+    def create_nodes(self, requests: list[Request], labels: list[str], public_key: str) -> list[Remote]:
+        """Create a group's nodes (``requests`` and ``labels`` in rank order) and return them in that
+        order, all or nothing: on failure what was made is destroyed before the error is raised (the
+        caller still looks each label up before it gives up). A provider whose API launches many
+        instances in one request (EC2's ``MinCount=MaxCount``, Lambda's ``quantity``) overrides this;
+        the default creates one node after another."""
+        made: list[Remote] = []
+        try:
+            for request, label in zip(requests, labels):
+                made.append(self.create(request, label, public_key))  # type: ignore[attr-defined]
+        except BaseException:
+            for remote in made:
+                try:
+                    self.destroy(remote.provider_id)  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - the caller looks every label up again and destroys what it finds
+                    pass
+            raise
+        return made
+
 
 class HasVolumes(ABC):
     """Makes persistent volumes that outlive an instance and mounts them on the instances it rents
