@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from orchestrator import config, states
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.provider import Request, Stoppable, can_stop
+from orchestrator.provider.features import HasVolumes
 from orchestrator.text import why as _why
 
 DEADLINE_MINUTES = 20.0
@@ -59,7 +60,8 @@ def check(orch, provider_name: str, live: bool, deadline_minutes: float = DEADLI
     report = Report(provider_name, live)
     caps = provider.capabilities
     report.cannot = [what for what, can in (("stop", isinstance(provider, Stoppable)), ("spot", caps.spot),
-                                            ("CPU-only", caps.cpu_only), ("GPUs", caps.gpu)) if not can]
+                                            ("CPU-only", caps.cpu_only), ("GPUs", caps.gpu),
+                                            ("volumes", isinstance(provider, HasVolumes))) if not can]
     end = time.monotonic() + deadline_minutes * 60
 
     def step(name: str, fn, cleanup: bool = False) -> bool:

@@ -7,6 +7,12 @@ provider's, another account's). An instance answers its own ``checkpoint.py`` as
 standard library only, nothing in the file runs) on its copy before the copy is kept as a job's
 resume copy and again before it is uploaded anywhere (a job's next attempt, ``orch up --resume``,
 ``orch run --resume``).
+
+The check reads the archive as torch's own reader does and takes only torch's own layout (see
+``on_instance/checkpoint.py``): a file that Python's ``zipfile`` and torch would read as two
+different archives (a second ``Data.pkl``, a second central directory, a TorchScript archive that
+``torch.load`` hands to ``torch.jit.load``) is refused, whatever its ``data.pkl`` says. orch itself
+never hands a checkpoint to torch; the examples it ships that do pass ``weights_only=True``.
 """
 
 from __future__ import annotations

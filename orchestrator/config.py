@@ -5,7 +5,10 @@ config.toml, all keys optional::
     default_provider = "local"
     ssh_timeout_minutes = 20
     job_unreachable_minutes = 10  # `orch run`: an attempt unreachable this long is lost
-    pull_max_gb = 50      # what one pull of a run brings home at most (ORCH_PULL_MAX_GB)
+    replace_lost_node = true  # a group job's lost node is replaced alone (false: the whole group relaunches)
+    volume_idle_days = 7  # the reaper reports (never deletes) a volume unattached this long
+    pull_max_gb = 50      # what a run's (a job's) pulls keep at home at most (ORCH_PULL_MAX_GB)
+    pull_max_files = 20000  # and how many files (ORCH_PULL_MAX_FILES)
     pull_log_mb = 64      # each log's newest part that comes home (ORCH_PULL_LOG_MB)
 
     [policy]              # defaults for the reaper and the watchdog
@@ -62,17 +65,20 @@ def _load(path: str) -> dict[str, Any]:
 
 
 _SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
-NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job")  # what notify.py posts
+# What notify.py posts.
+NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume")
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
         "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
         "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float),
-        "reaper_parallel": int}
+        "pull_max_files": int, "reaper_parallel": int, "volume_idle_days": (int, float), "replace_lost_node": bool}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
 _RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7 * 86400), "spot_margin": (0, 10),
            "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60),
-           "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6), "reaper_parallel": (1, 256)}
+           "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6), "pull_max_files": (1, 10_000_000),
+           "reaper_parallel": (1, 256),
+           "volume_idle_days": (0, 3650)}
 
 
 def _check(data: dict, path: Path) -> None:
@@ -80,7 +86,7 @@ def _check(data: dict, path: Path) -> None:
         want = _SECTIONS.get(key) or _TOP.get(key)
         if want is None:
             raise UsageError(f"{path}: unknown setting {key!r}")
-        if not isinstance(value, want) or isinstance(value, bool):
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
             raise UsageError(f"{path}: {key} has the wrong type ({type(value).__name__})")
         low, high = _RANGES.get(key, (None, None))
         if low is not None and not low <= value <= high:

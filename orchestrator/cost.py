@@ -142,13 +142,20 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
 
     from orchestrator.text import columns
 
+    from orchestrator import volumes
+
     rows, totals = report(ledger, name, start)
+    vols = volumes.costs(ledger, start) if name is None else []  # each volume bills from its creation
     if as_json:
         print(json.dumps({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                          "providers": totals, "groups": groups(rows)}, indent=2, sort_keys=True, default=str))
+                          "providers": totals, "groups": groups(rows), "volumes": vols}, indent=2, sort_keys=True,
+                         default=str))
+        return
+    if not rows and not vols:
+        print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
         return
     if not rows:
-        print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
+        _volumes(vols)
         return
     table = [(r.name, r.provider, r.state, f"{r.running_hours:.2f} h ${r.running_usd:.2f}",
               f"{r.stopped_hours:.2f} h ${r.stopped_usd:.2f}", f"${r.total_usd:.2f}",
@@ -162,6 +169,23 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
     for provider, tot in sorted(totals.items()):
         print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
               f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
+    _volumes(vols)
+
+
+def _volumes(vols: list[dict]) -> None:
+    """Each volume's dollars since its creation (size x $/GB-month, prorated), then their total."""
+    import sys
+
+    from orchestrator.text import columns
+
+    if not vols:
+        return
+    table = [(v["name"], v["provider"], v["state"], f"{v['size_gb']} GB",
+              f"${v['price_gb_month']:.3f}" if v["price_gb_month"] is not None else "?",
+              f"{v['hours']:.2f} h", f"${v['usd']:.2f}") for v in vols]
+    sys.stdout.write(columns(("VOLUME", "PROVIDER", "STATE", "SIZE", "$/GB-MONTH", "BILLED", "TOTAL"), table,
+                             right=frozenset({3, 4, 5, 6})))
+    print(f"volumes    total ${sum(v['usd'] for v in vols):.2f} (size x $/GB-month, from creation to deletion)")
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:

@@ -1,21 +1,30 @@
 """One pass of what orch does unattended, as ``orch reap`` (and so the scheduled reaper) runs it:
-the fleet reaped (``reaper``), then every active job advanced (``jobs``), under the pass's lock."""
+the fleet reaped (``reaper``), then every active job advanced (``jobs``), then every schedule's due
+run started (``scheduling``: after the jobs, so a run that just ended no longer counts as running),
+under the pass's lock."""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Callable
 
 from orchestrator import reaper
 from orchestrator.text import clean
 
 
-def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | None = None) -> tuple[list, list]:
-    """One pass as ``orch reap`` runs it: (its outcomes, every job advanced at its end, under its lock;
-    a real pass only: a dry run neither advances jobs nor imports them)."""
+def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | None = None,
+             now: Callable[[], datetime] | None = None) -> tuple[list, list]:
+    """One pass as ``orch reap`` runs it: (its outcomes, every job advanced and every scheduled run
+    started or skipped at its end, under its lock; a real pass only: a dry run neither advances
+    jobs nor imports them). ``now``: the schedules' clock (a test's own: the fleet and the jobs keep
+    real time)."""
     advanced: list[dict] = []
 
     def advance_jobs() -> None:
-        from orchestrator import jobs
+        from orchestrator import jobs, scheduling
 
         advanced.extend(jobs.advance_all(orch))
+        advanced.extend(scheduling.run_due(orch, now() if now else None))
 
     return reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
 

@@ -21,6 +21,7 @@ import math
 import os
 import pprint
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -36,10 +37,11 @@ ON_INSTANCE = Path(__file__).resolve().parent.parent / "playbooks" / "on_instanc
 EMBEDDED = (
     ("train_entry.py", ("build",)),
     ("hub_push.py", ("OrchHubPush",)),
-    ("extract.py", ("orch_extract",)),
+    ("extract.py", ("orch_extract", "point")),
     ("checkpoint.py", ("_DTYPES", "_STORAGES", "_QSCHEMES", "ALLOWED", "_REAL", "MAX_PICKLE", "_STRINGS", "_GETS",
                        "_PUTS", "_NEUTRAL", "_resolved", "allowed", "refused_global", "_Stub", "_Inert", "_epoch_of",
-                       "read_zip", "check")),
+                       "NotTorch", "_RECORDS", "_MAX_DIRECTORY", "_fields", "_zip64", "torch_pickle", "read_zip",
+                       "check")),
 )
 PACKAGES = ["libreyolo>=1.6,<2", "huggingface_hub>=0.24"]
 HOUR = 3600
@@ -206,12 +208,32 @@ def render(spec: ExportSpec, file_name: str) -> str:
     lines.append("# LibreYOLO's train() keys, as orch's own `orch run` sets them; data, project and name come at run time")
     lines.append("TRAIN = " + pprint.pformat(spec.train, sort_dicts=False, width=100) + "\n")
     hours = f"{spec.timeout_s} s" + (f", {spec.calls} calls" if spec.calls > 1 else "")
-    push_note = (f"\n    (HF_TOKEN also pushes milestones to {spec.push_to}: it needs write access)" if spec.push_to else "")
+    push_note = (f"\n    (HF_TOKEN also pushes milestones to {_doc(spec.push_to)}: it needs write access)"
+                 if spec.push_to else "")
     head = Template((TEMPLATES / f"{spec.platform}.py.tmpl").read_text()).substitute(
-        name=spec.name, model=spec.model, data=spec.data, epochs=spec.epochs, file=file_name,
-        hf_secret=spec.hf_secret, push_note=push_note, timeout_text=hours, max_hours=f"{spec.max_hours:g}",
-        volume_name=spec.volume, settings="\n".join(lines))
+        name=_doc(spec.name), model=_doc(spec.model), data=_doc(spec.data), epochs=spec.epochs,
+        file=_doc(shlex.quote(file_name)), hf_secret=_doc(spec.hf_secret), push_note=push_note, timeout_text=hours,
+        max_hours=f"{spec.max_hours:g}", volume_name=_doc(spec.volume), settings="\n".join(lines))
     return head + (TEMPLATES / "train.py.tmpl").read_text() + "\n\n" + embedded() + "\n"
+
+
+def _doc(text: str) -> str:
+    """``text`` as it may stand inside the module's docstring: shown as it is, and never code. Three
+    double quotes in a file name would end the docstring (and what follows would run on import), a
+    backslash would make an escape of it (a bad one, such as a backslash and N, a file that does not
+    compile): each is escaped, and what is not printable is written as its escape."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+    return shown.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def check_train(train: dict) -> dict:
+    """LibreYOLO's train keys as the file writes them (``repr``): a number that is not finite
+    (``--train-arg lr0=1e999``, ``nan``) would be written as a bare ``inf`` or ``nan``, a file that
+    does not import. Refused (exit 2) before anything is written."""
+    for key, value in train.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--train-arg {key}: {value!r} is not a finite number")
+    return train
 
 
 def embedded() -> str:
@@ -236,6 +258,7 @@ def write(spec: ExportSpec, output: Path, force: bool) -> Path:
         raise UsageError(f"{output} exists: name another with -o, or add --force to replace it")
     if not output.parent.is_dir():
         raise UsageError(f"{output.parent} is not a folder")
+    check_train(spec.train)
     text = render(spec, output.name)
     compile(text, str(output), "exec")  # a template mistake is orch's bug, never a file the user gets
     tmp = output.with_name(f".{output.name}.tmp")

@@ -33,7 +33,7 @@ from orchestrator.text import why as _why
 
 def launch(orch, nodes: list, spec) -> Any:
     """Stage the data on every node, then start torchrun on every node; returns rank 0's run row."""
-    from orchestrator import groups, training
+    from orchestrator import groups, training, volume_mounts
     from orchestrator.kill_points import kill_point
     from playbooks import host, train
 
@@ -46,15 +46,7 @@ def launch(orch, nodes: list, spec) -> Any:
         node = nodes[rank]
         with orch.connect(node) as c:
             work = host.workdir(c)
-            if spec.data.startswith("hf://"):
-                from orchestrator.hub import parse_hf
-
-                train.ensure_hub_client(c)
-                repo_id, filename = parse_hf(spec.data)
-                data_yaml = train.stage_hf(c, repo_id, filename, training.hub_env(), limits)
-            else:
-                data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: None,
-                                            limits=limits)
+            data_yaml = training.stage(orch, node, c, spec, limits, log=lambda m: None)  # on its volume, if any
             run = orch.ledger.latest_run(node.id) if spec.resume else None
             if run is None:
                 run = orch.ledger.add_run(instance_id=node.id, model=spec.model, data=spec.data,
@@ -69,7 +61,7 @@ def launch(orch, nodes: list, spec) -> Any:
 
     orch.say(f"      staging the data on {size} nodes")
     outcomes = par.each(stage, list(range(size)), size)  # the group launches on every node or none
-    _raise_first(nodes, outcomes, "staging")
+    raise_first(nodes, outcomes, "staging")
     staged = [s for s, _ in outcomes]
     with orch.connect(head) as c:
         master = head.private_ip or head.ssh_host
@@ -87,7 +79,7 @@ def launch(orch, nodes: list, spec) -> Any:
         launcher = ["-m", "torch.distributed.run", f"--nnodes={size}", f"--nproc-per-node={per_node}",
                     f"--node-rank={rank}", f"--master-addr={master}", f"--master-port={port}",
                     f"--local-addr={node.private_ip or node.ssh_host}", "--max-restarts=0"]
-        env = groups.env(nodes, rank, 0 if node.cpu_only else per_node)
+        env = {**volume_mounts.env(orch, node), **groups.env(nodes, rank, 0 if node.cpu_only else per_node)}
         if spec.push_to and rank == 0:
             env.update(training.hub_env())
         with orch.connect(node) as c:
@@ -104,7 +96,7 @@ def launch(orch, nodes: list, spec) -> Any:
     outcomes = par.each(start, list(range(size)), size)  # gathered, then the caller gives the group back
     if any(e is not None for _, e in outcomes):
         stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
-    _raise_first(nodes, outcomes, "starting the training")
+    raise_first(nodes, outcomes, "starting the training")
     run = orch.ledger.latest_run(head.id)
     orch.say(f"      training {spec.model} for {spec.epochs} epochs on {size} nodes x {per_node} "
              f"(world size {size * per_node}), rendezvous {master}:{port}; rank 0 writes {run.run_dir}")
@@ -129,7 +121,7 @@ def stop(orch, nodes: list) -> list[str]:
             if e is not None]
 
 
-def _raise_first(nodes: list, outcomes: list, what: str) -> None:
+def raise_first(nodes: list, outcomes: list, what: str) -> None:
     """The lowest rank's failure among ``parallel.each``'s outcomes, raised as the group's."""
     errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
     if not errors:

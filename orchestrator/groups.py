@@ -8,11 +8,15 @@ where a rendezvous listens) and the group's size. Nothing here knows what runs o
 ``group_training``; a user's command), called once every node is ready with the nodes in rank
 order. Every node finds the same variables in its environment (``nodes.node_env``).
 
-- **Up.** Every check first (the name, the size, the provider's ``groups`` capability), then the
-  provider's ``open_group`` (what the nodes share: a rule admitting each other, a placement group),
-  then every node's ``Orch.up`` at once, one thread each: the group is ready in the time of its
-  slowest node, not the sum. Any node that cannot be had (no capacity, no SSH, a failed verify)
-  fails the group: the nodes already made are destroyed, in parallel, and nothing bills.
+- **Up.** Every check first (the name, the size, the provider's ``groups`` capability), then every
+  node's row (before anything can bill), the provider's ``open_group`` (what the nodes share: a rule
+  admitting each other, a placement group) and one ``create_nodes`` call for all of them (EC2's
+  ``MinCount=MaxCount``, Lambda's ``quantity``; one create after another elsewhere); then every node's
+  bring-up (SSH, provisioning, the proof) at once, one thread each. The first node that fails calls
+  the others' bring-up off (they are waiting or provisioning, not done), and so does Ctrl-C: every
+  node made so far is destroyed before the error goes on, and nothing bills.
+- **One node lost** (``replace_node``): a node is rented in its place, same group, rank and name,
+  while its siblings are kept (``jobs.engine`` starts the work again on the whole group).
 - **Down.** Every node destroyed at once, then the provider's ``close_group``.
 - **One.** The reaper and the watchdog's decisions see a group as one (``busy``): no node is
   stopped or destroyed for idleness while another of its group still trains.
@@ -72,15 +76,21 @@ def check_provider(provider, nodes: int, request: Request) -> None:
 
 
 # -- the ledger's view of groups -----------------------------------------------------------------
-def members(ledger, inst: Instance) -> list[Instance]:
-    """Every node of ``inst``'s group, rank order (``[inst]`` for a lone instance)."""
+def members(ledger, inst: Instance, replaced: bool = False) -> list[Instance]:
+    """Every node of ``inst``'s group, rank order (``[inst]`` for a lone instance): for each rank
+    its newest row (a node replaced alone keeps its rank: ``replace_node``), or with ``replaced``
+    every row the group ever had (what it cost)."""
     if not inst.group_id:
         return [inst]
     from sqlmodel import select
 
     with ledger.session(write=False) as s:
-        rows = list(s.exec(select(Instance).where(Instance.group_id == inst.group_id)))
-    return sorted(rows, key=lambda i: (i.node_rank or 0, i.created_at))
+        rows = sorted(s.exec(select(Instance).where(Instance.group_id == inst.group_id)),
+                      key=lambda i: (i.node_rank or 0, i.created_at))
+    if replaced:
+        return rows
+    newest = {i.node_rank or 0: i for i in rows}  # created_at order: the last one of a rank wins
+    return [newest[r] for r in sorted(newest)]
 
 
 def live(ledger, name: str) -> list[Instance]:
@@ -127,38 +137,46 @@ def refuse_alone(inst: Instance, verb: str) -> None:
 
 # -- up and down ---------------------------------------------------------------------------------
 def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, policy: str | None = None,
-       ssh_timeout: float | None = None, launch: Callable[[list[Instance]], None] | None = None) -> list[Instance]:
+       ssh_timeout: float | None = None, launch: Callable[[list[Instance]], None] | None = None,
+       prepare: bool = True) -> list[Instance]:
     """Rent ``nodes`` instances as group ``name``, all at once, all or nothing; then ``launch`` on
-    them (rank order). Whatever fails destroys every node; the error says which node and why."""
+    them (rank order). Whatever fails destroys every node; the error says which node and why.
+    ``prepare`` False: reached over SSH only (a command group: its setup is its own)."""
+    from orchestrator.lifecycle import check_request
+
     check_nodes(nodes)
     check_name(name, nodes)
     provider = orch.provider(provider_name)
-    provider.validate(request)
+    provider.validate(replace(request, nodes=nodes))  # the group as a whole (a local group shares the GPUs)
     check_provider(provider, nodes, request)
+    provider.require_credentials()
     with claims.hold(orch.ledger, f"group:{name}"):  # a colon: no instance name takes this claim
         _free(orch, name, nodes)
         group = new_id()
-        if isinstance(provider, RentsGroups):  # a group of one needs nothing shared
-            provider.open_group(group, request)
-
-        def bring(rank: int) -> Instance:
-            node = node_name(name, rank)
-            mine = replace(orch, say=lambda m, node=node: orch.say(f"[{node}] {m}"))
-            req = replace(request, name=node, group=group, node_rank=rank, nodes=nodes)
-            return mine.up(node, provider_name, req, ssh_timeout=ssh_timeout, policy=policy,
-                           group={"group_id": group, "group_name": name, "node_rank": rank, "group_size": nodes})
-
-        # Every node at once, every outcome gathered, then judged.
-        outcomes = par.each(bring, list(range(nodes)), nodes)
-        errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
-        if errors:
-            rank, error = min(errors, key=lambda x: x[0])
-            _destroy_group(orch, group, f"node {rank} of {nodes} could not be had: {_why(error)}")
-            if isinstance(error, KeyboardInterrupt):
-                raise error
-            raise OrchError(f"group {name}: node {rank} of {nodes} ({node_name(name, rank)}) could not be had "
-                            f"({_why(error)}); the other nodes were destroyed: nothing of the group bills")
-        ready = [orch.ledger.get(i.id) for i, _ in outcomes]
+        requests = [replace(request, name=node_name(name, r), group=group, node_rank=r, nodes=nodes,
+                            mounts=request.node_mounts[r] if request.node_mounts else request.mounts)  # its volumes
+                    for r in range(nodes)]
+        for req in requests:
+            check_request(req.name, req)
+        # Every row first, before anything can bill; then what the nodes share; then one launch.
+        rows = [orch.record_new(req.name, provider_name, req, policy,
+                                {"group_id": group, "group_name": name, "node_rank": r, "group_size": nodes})
+                for r, req in enumerate(requests)]
+        try:
+            if isinstance(provider, RentsGroups):  # a group of one needs nothing shared
+                provider.open_group(group, request)
+            made = _create(orch, provider, rows, requests, prepare)
+        except BaseException as e:
+            _settle_unmade(orch, provider, group, _why(e), getattr(e, "node_rank", None))
+            _destroy_group(orch, group, f"the group could not be rented: {_why(e)}")
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rank = getattr(e, "node_rank", None)
+            which = f"node {rank} of {nodes} ({node_name(name, rank)})" if isinstance(rank, int) else f"its {nodes} nodes"
+            raise (UsageError if isinstance(e, UsageError) else OrchError)(
+                f"group {name}: {which} could not be had ({_why(e)}); the nodes made were destroyed: nothing of "
+                "the group bills") from e
+        ready = _bring_up(orch, provider, name, group, made, ssh_timeout)
         if launch is not None:
             try:
                 launch(ready)
@@ -166,6 +184,112 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
                 _destroy_group(orch, group, f"the launch on the group failed: {_why(e)}")
                 raise
         return [orch.ledger.get(i.id) for i in ready]
+
+
+def _create(orch, provider, rows: list[Instance], requests: list[Request], prepare: bool) -> list[Instance]:
+    """Every node made in one call (``RentsGroups.create_nodes``: EC2's MinCount=MaxCount, Lambda's
+    quantity), each row then ``provisioning``; a failure after which the provider may have made some
+    is settled by ``_destroy_group`` (each label looked up)."""
+    from orchestrator import config
+    from orchestrator.kill_points import kill_point
+
+    _, public_key = config.ssh_key()
+    orch.say(f"[1/4] renting {len(rows)} nodes on {provider.name} as {rows[0].label} ...")
+    kill_point("before-create")
+    if isinstance(provider, RentsGroups):
+        remotes = provider.create_nodes(requests, [r.label for r in rows], public_key)
+    else:
+        remotes = [provider.create(req, row.label, public_key) for req, row in zip(requests, rows)]
+    kill_point("create-returned")
+    if len(remotes) != len(rows):
+        raise OrchError(f"{provider.name} made {len(remotes)} of the group's {len(rows)} nodes")
+    return [orch.created(row, provider, remote, prepare=prepare) for row, remote in zip(rows, remotes)]
+
+
+def _settle_unmade(orch, provider, group: str, why: str, failed_rank: int | None) -> None:
+    """After a failed group create: a node the provider never made is ``failed`` (nothing bills);
+    one it made (before ``failed_rank``, where the provider says which failed) is left to
+    ``_destroy_group``, and so is a node whose lookup fails (its destroy looks again, reconcile after)."""
+    from orchestrator.errors import ProviderError
+
+    for node in _by_id(orch.ledger, group):
+        if node.state != states.REQUESTED or node.provider_id:
+            continue
+        if failed_rank is not None and (node.node_rank or 0) < failed_rank:
+            continue
+        try:
+            found = provider.find(node.label)
+        except ProviderError:
+            continue
+        if found is None:
+            orch.move(node, states.FAILED, f"create failed: {why}")
+
+
+def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_timeout: float | None) -> list[Instance]:
+    """Every node from created to ready, one thread each. The first failure calls the others off
+    at once (their waits check ``halted``), and Ctrl-C does the same: every node made so far is
+    destroyed before the error goes on, so nothing of the group bills."""
+    import threading
+
+    halt: list[str] = []  # why the bring-up was called off: set once, by the first failure or Ctrl-C
+    first: list[int] = []  # the rank whose own failure called it off
+    lock = threading.Lock()
+    results: list = [None] * len(made)
+    errors: list = [None] * len(made)
+
+    def bring(rank: int) -> None:
+        node = made[rank]
+        mine = replace(orch, say=lambda m, node=node.name: orch.say(f"[{node}] {m}"))
+        try:
+            results[rank] = mine.bring_up(node, provider, ssh_timeout, halted=lambda: halt[0] if halt else None)
+        except BaseException as e:  # noqa: BLE001 - judged by the caller's thread
+            errors[rank] = e
+            with lock:
+                if not halt:
+                    first.append(rank)
+                    halt.append(f"node {rank} of the group failed ({_why(e)}): its bring-up was called off")
+
+    threads = [threading.Thread(target=bring, args=(r,), name=f"orch-node-{r}", daemon=True)
+               for r in range(len(made))]
+    interrupted: BaseException | None = None
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)
+    except KeyboardInterrupt as e:  # Ctrl-C: every node's bring-up called off, then all destroyed
+        interrupted = e
+        with lock:
+            halt.insert(0, "interrupted (Ctrl-C): the group's bring-up was called off")
+        for t in threads:
+            t.join(60)
+    if interrupted is not None:
+        _destroy_group(orch, group, "interrupted (Ctrl-C) while the group came up")
+        raise interrupted
+    if first:
+        rank, error = first[0], errors[first[0]]
+        _destroy_group(orch, group, f"node {rank} of {len(made)} could not be had: {_why(error)}")
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+        raise OrchError(f"group {name}: node {rank} of {len(made)} ({node_name(name, rank)}) could not be had "
+                        f"({_why(error)}); the other nodes were destroyed: nothing of the group bills")
+    return [orch.ledger.get(i.id) for i in results]
+
+
+def replace_node(orch, lost: Instance, request: Request, *, policy: str | None = None,
+                 ssh_timeout: float | None = None, prepare: bool = True) -> Instance:
+    """One node rented in place of ``lost`` (destroyed first, if it is not gone yet): the same
+    group, rank and name, so its siblings keep theirs. ``request`` is the group's (same offer: the
+    same region, and the group's placement group where the provider keeps one)."""
+    if lost.state in states.LIVE:
+        orch.down(orch.ledger.get(lost.id), f"node {lost.node_rank} of {lost.group_name} lost: replaced alone")
+    req = replace(request, name=lost.name, group=lost.group_id, node_rank=lost.node_rank or 0,
+                  nodes=lost.group_size or 1)
+    fields = {"group_id": lost.group_id, "group_name": lost.group_name, "node_rank": lost.node_rank,
+              "group_size": lost.group_size}
+    return orch.up(lost.name, lost.provider, req, ssh_timeout=ssh_timeout, policy=policy, prepare=prepare,
+                   group=fields)
 
 
 def _free(orch, name: str, nodes: int) -> None:

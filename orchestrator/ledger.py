@@ -557,3 +557,13 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+# The volumes' tables (their models live in ``ledger_volumes``): on the metadata whenever the
+# ledger is, as the migrations make them.
+from orchestrator import ledger_volumes  # noqa: E402,F401
+
+
+# The schedules' tables live in their own module; imported here so that the ledger's schema is one
+# (the migrations and the models are checked against each other whole).
+from orchestrator import ledger_schedules  # noqa: E402,F401

@@ -144,7 +144,7 @@ class Orch:
            prepare: bool = True, group: dict | None = None) -> Instance:
         """Rent, wait for SSH, provision and verify (unless ``prepare`` is False: reached over SSH
         only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys.
-        ``group``: the node's group fields on its row (``groups.up``)."""
+        ``group``: the node's group fields on its row (a replacement node, ``groups.replace``)."""
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
@@ -156,29 +156,59 @@ class Orch:
             self.say(f"[1/4] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an interrupted `orch up`")
         else:
             _, public_key = config.ssh_key()
-            inst = self.ledger.create_instance(
-                actor=self.actor, name=name, provider=provider_name, label="", gpu=request.gpu,
-                gpus=0 if request.cpu else request.gpus, cpu_only=request.cpu, disk_gb=request.disk_gb,
-                image=request.image, spot=request.spot, bid=request.bid, policy=policy, **(group or {}))
+            inst = self.record_new(name, provider_name, request, policy, group)
             self.say(f"[1/4] renting on {provider_name} as {inst.label}")
             kill_point("before-create")
             remote = self._create(provider, inst, request, public_key)
             kill_point("create-returned")
-            price, stopped = provider.prices(remote)
-            inst = self.move(inst, states.PROVISIONING, f"created {remote.provider_id}",
-                             provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
-                             gpu_name=remote.gpu_name)
-            kill_point("after-create")
-            if not prepare:
-                self.ledger.remember(inst.id, prepare=False)
+            inst = self.created(inst, provider, remote, prepare)
+        return self.bring_up(inst, provider, ssh_timeout, after_verify)
+
+    def record_new(self, name: str, provider_name: str, request: Request, policy: str | None,
+                   group: dict | None = None) -> Instance:
+        """The instance's row, before anything can bill (``requested``), with the volumes it mounts."""
+        inst = self.ledger.create_instance(
+            actor=self.actor, name=name, provider=provider_name, label="", gpu=request.gpu,
+            gpus=0 if request.cpu else request.gpus, cpu_only=request.cpu, disk_gb=request.disk_gb,
+            image=request.image, spot=request.spot, bid=request.bid, policy=policy, **(group or {}))
+        if request.mounts:
+            from orchestrator import volume_mounts
+
+            volume_mounts.record(self, inst, request.mounts)
+        return inst
+
+    def created(self, inst: Instance, provider: Provider, remote: Remote, prepare: bool = True) -> Instance:
+        """The provider made it: its id and prices on the row (``provisioning``)."""
+        price, stopped = provider.prices(remote)
+        inst = self.move(inst, states.PROVISIONING, f"created {remote.provider_id}",
+                         provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
+                         gpu_name=remote.gpu_name)
+        kill_point("after-create")
+        if not prepare:
+            self.ledger.remember(inst.id, prepare=False)
+        return inst
+
+    def bring_up(self, inst: Instance, provider: Provider, ssh_timeout: float | None = None,
+                 after_verify: Callable[[Instance], None] | None = None,
+                 halted: Callable[[], str | None] | None = None) -> Instance:
+        """From created to ready: SSH, provisioning, the proof, ``after_verify``. Whatever fails
+        (``halted`` saying why: a sibling node failed, Ctrl-C) destroys it before the error goes on."""
         try:
+            def check() -> None:
+                why = halted() if halted else None
+                if why:
+                    raise OrchError(why)
+
             timeout = ssh_timeout or float(config.get("ssh_timeout_minutes", 20)) * 60
             self.say(f"[2/4] waiting for SSH (up to {timeout / 60:.0f} min)")
             kill_point("ssh-wait")
-            remote = reach.wait_ssh(provider, inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"))
+            check()
+            remote = reach.wait_ssh(provider, inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"),
+                                    halted=halted)
             inst = self._endpoint(inst, provider, remote)
             kill_point("ssh-ready")
-            inst = self._prepare(inst, after_verify=after_verify)
+            check()
+            inst = self._prepare(inst, after_verify=after_verify, halted=check)
         except BaseException as e:
             why = _why(e)
             self.say(f"failed: {why}; destroying {inst.label} so it does not keep billing")
@@ -189,12 +219,14 @@ class Orch:
         return inst
 
     def _prepare(self, inst: Instance, started: bool = False, rekey: bool = False,
-                 after_verify: Callable[[Instance], None] | None = None) -> Instance:
+                 after_verify: Callable[[Instance], None] | None = None,
+                 halted: Callable[[], None] | None = None) -> Instance:
         """Provision (idempotent), prove the device with a matmul, record ready, arm the watchdog
         (after a start: learn first what the last watchdog did, its state file survives a stop)."""
-        from orchestrator import watchdog
+        from orchestrator import volume_mounts, watchdog
         from playbooks.provision import provision, verify
 
+        volume_mounts.make_ready(self, inst)  # every volume at its path before anything runs there
         if self.ledger.recall(inst.id, "prepare") is False:
             from orchestrator import remote
 
@@ -210,6 +242,8 @@ class Orch:
         with self.connect(inst, rekey=rekey) as c:
             facts = provision(c, gpu=not inst.cpu_only, log=lambda m: self.say(f"      {m}"))
             kill_point("provisioned")
+            if halted:
+                halted()
             self.say("[4/4] verifying: a 2000x2000 matmul on the device")
             proof = verify(c, gpu=not inst.cpu_only, facts=facts)
         device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f})"
@@ -256,7 +290,9 @@ class Orch:
     def _endpoint(self, inst: Instance, provider: Provider, remote: Remote) -> Instance:
         ep = remote.endpoint
         fields = dict(ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user)
-        if remote.private_ip:
+        from orchestrator.nodes import is_plain_ip
+
+        if remote.private_ip and is_plain_ip(remote.private_ip):  # a scope id or a name never reaches a node's env
             fields["private_ip"] = remote.private_ip
         if not inst.host_key:
             vouched = provider.vouched_host_key(remote.provider_id)

@@ -4,13 +4,15 @@ config.toml::
 
     [notify]
     webhook_url = "https://hooks.slack.com/services/..."   # any endpoint taking Slack's {"text": ...}
-    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job"]   # optional: the default is all
+    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule"]   # optional: the default is all
 
 What each event is, from a ledger transition (``instance_event``, registered by ``plugins``):
 ``preempted`` (a spot market took it), ``watchdog`` (its own watchdog stopped or destroyed it),
 ``reaper`` (the reaper stopped or destroyed it), ``lost`` (gone without orch destroying it),
 ``broken`` (its container exited or its host dropped); ``job`` (a job finished or failed) comes
-from ``job_ended``, which the job runner calls.
+from ``job_ended``, which the job runner calls; ``schedule`` (a scheduled run skipped, and why)
+from ``scheduling``; ``volume`` (a volume unattached past ``volume_idle_days``, still billing) from
+``volumes.idle``, the reaper's look.
 
 The URL is a secret (whoever has it posts to the channel): it is never printed, logged, put in an
 error or written to the ledger. Each post runs in a thread with a short timeout, so a slow webhook

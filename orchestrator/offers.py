@@ -80,6 +80,8 @@ class Query:
     max_price: float | None = None
     providers: list[str] | None = None
     sort: str | None = None  # "hourly" or "job"; default: job when there is a job
+    # Volumes the instance mounts: only offers where every one lives are ranked (``HasVolumes.offer_reaches``).
+    volumes: tuple = ()
 
 
 @dataclass
@@ -236,7 +238,7 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
     measured = measurements(orch.ledger, job) if job else []
     for offer in offers:
         row = _row(offer, query.disk_gb)
-        if not _wanted(row, query):
+        if not _wanted(row, query) or not _reaches(providers.get(offer.provider), offer, query.volumes):
             continue
         if job:
             row.epochs = job.epochs
@@ -329,6 +331,15 @@ def _wanted(row: Row, q: Query) -> bool:
     if price is None:
         return False  # --spot: no spot price here (or --on-demand: spot only)
     return q.max_price is None or price <= q.max_price
+
+
+def _reaches(provider, offer: Offer, volumes: tuple) -> bool:
+    """Whether an instance of ``offer`` can mount every one of ``volumes`` (none: any offer)."""
+    if not volumes:
+        return True
+    from orchestrator.provider.features import HasVolumes
+
+    return isinstance(provider, HasVolumes) and all(provider.offer_reaches(offer, v) for v in volumes)
 
 
 def _rank(row: Row, mode: str, sort: str) -> tuple:
@@ -519,13 +530,15 @@ def pick_cheapest(orch, request: Request, spec, providers=None) -> tuple[str, Re
     job = None
     if spec is not None:
         job = workload_for(spec.model, spec.epochs, data=spec.data, imgsz=spec.imgsz, data_bytes=spec.data_bytes)
-    query = Query(gpu=request.gpu, gpus=request.gpus, mode=mode, disk_gb=request.disk_gb, providers=providers)
+    query = Query(gpu=request.gpu, gpus=request.gpus, mode=mode, disk_gb=request.disk_gb, providers=providers,
+                  volumes=tuple({m.volume.name: m.volume for m in request.mounts}.values()))
     answer = search(orch, query, job, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
     if not answer.rows:
         raise NoCapacity(f"no {mode} offer for {request.gpus}x {request.gpu or 'any GPU'} from "
-                         f"{', '.join(answer.asked) or 'any provider'}")
+                         f"{', '.join(answer.asked) or 'any provider'}"
+                         + (f" where volume {', '.join(v.name for v in query.volumes)} lives" if query.volumes else ""))
     best = answer.rows[0]
     chosen = renting(request, best)
     orch.say(f"cheapest: {describe(best, mode)}" + (f", bid {chosen.bid:.3f}" if request.spot and chosen.bid else ""))

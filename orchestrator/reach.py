@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import replace
+from typing import Callable
 
 from orchestrator.errors import SSHError
 from orchestrator.provider import Endpoint, Progress, Remote, Status
@@ -40,10 +41,10 @@ def reachable(remote: Remote, progress: Progress | None = None) -> Remote | None
 
 
 def wait_ssh(provider, provider_id: str, timeout: float, progress: Progress | None = None,
-             interval: float = 2.0) -> Remote:
+             interval: float = 2.0, halted: Callable[[], str | None] | None = None) -> Remote:
     """Poll until the instance runs and one of its routes answers SSH, within ``timeout`` seconds.
     An instance that can no longer get there (gone, broken, stopped, or one its provider says
-    will never answer) fails at once."""
+    will never answer) fails at once, and so does a wait that ``halted`` calls off (says why)."""
     interval = max(min(interval, provider.poll_seconds), MIN_INTERVAL)
     t0 = time.monotonic()
     last = None
@@ -64,4 +65,9 @@ def wait_ssh(provider, provider_id: str, timeout: float, progress: Progress | No
             last = note
         if time.monotonic() - t0 >= timeout:
             raise SSHError(f"SSH on {provider.name} instance {provider_id} did not answer within {timeout:.0f} s")
-        time.sleep(interval)
+        slept = time.monotonic() + interval
+        while time.monotonic() < slept:
+            why = halted() if halted else None
+            if why:
+                raise SSHError(why)
+            time.sleep(min(0.1, interval))

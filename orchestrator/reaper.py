@@ -185,6 +185,7 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
                 continue
             with ledger_snapshot.quiet_gc():  # thousands of rows, decisions and outcomes, no cycle among them
                 outcomes += _group(orch, group, listing, fleet, dry_run, force, clock, bound)
+        outcomes += _volumes(orch, clock(), dry_run)
         if after is not None and not dry_run:
             after()
         if not dry_run:
@@ -193,6 +194,18 @@ def reap(orch, dry_run: bool = False, force: bool = False, now: Callable[[], dat
             orch.ledger.set_meta(LAST_PASS, json.dumps(summary))
     ledger_snapshot.release_gc()  # the pass's rows go back to the collector (see ``ledger_snapshot.quiet_gc``)
     return outcomes
+
+
+def _volumes(orch, now: datetime, dry_run: bool) -> list[Outcome]:
+    """Each volume unattached past ``volume_idle_days``: reported (``volumes.idle``), never deleted."""
+    from orchestrator import volumes
+
+    try:
+        found = volumes.idle(orch, now, dry_run)
+    except Exception as e:  # noqa: BLE001 - the pass goes on: its instances were the urgent part
+        orch.say(f"volumes not looked at: {_why(e)}")
+        return []
+    return [Outcome(v["name"], v["provider"], v["state"], v["action"], v["reason"]) for v in found]
 
 
 def _reconcile(orch, listings: dict) -> list[Outcome]:

@@ -73,9 +73,11 @@ def detect() -> str:
 
 
 def write_env(home: Path) -> tuple[Path, list[str]]:
-    env = {k: os.environ[k] for k in carried() if os.environ.get(k)}
-    env["ORCH_HOME"] = str(Path(home).resolve())
     path = Path(home) / "reaper.env"
+    # Lines of its own kept (the secrets scheduled runs read there: ``scheduling``); orch's carried ones rewritten.
+    kept = {k: v for k, v in _env_from_file(path).items() if k not in carried()} if path.is_file() else {}
+    env = {**kept, **{k: os.environ[k] for k in carried() if os.environ.get(k)}}
+    env["ORCH_HOME"] = str(Path(home).resolve())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))

@@ -12,6 +12,10 @@ holds the instance's claim is left alone, see ``claims``):
 - left half-made by an interrupted ``orch up``: **abandoned** — ``orch up NAME`` resumes it;
   after the instance's idle minutes (the reaper's own clock) it is destroyed, never left billing;
 - an interrupted stop, start or destroy: settled to what the provider shows, a destroy finished;
+- adopted but not reachable over SSH (a pod whose container never starts): given the SSH deadline a
+  fresh ``orch up`` gets (``ssh_timeout_minutes``), then **destroyed**, the event saying why;
+- what a provider keeps for a group (a security group, a placement group) whose nodes are all
+  gone, however they ended: **swept** (``RentsGroups.sweep_groups``);
 - a provider whose listing fails: **reported and left alone**, never read as an empty fleet.
 
 ``reconcile(orch)`` is what the reaper calls at the start of each pass.
@@ -26,13 +30,15 @@ from typing import Iterable
 
 from orchestrator import claims, reach, states
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.provider import Provider, Remote, Status, parse_label
+from orchestrator.provider import Provider, Remote, RentsGroups, Status, parse_label
 from orchestrator.sync import sync
 from orchestrator.text import why as _why
 
 ACTOR = "reconcile"
 LAST_RUN = "reconcile:last_run"
 LAST_REPORT = "reconcile:last_report"
+# In an adopted instance's memory while it has not answered SSH: when reconcile adopted it.
+UNREACHED = "unreached_since"
 
 
 @dataclass
@@ -51,6 +57,7 @@ class ProviderReport:
     untouched: list[str] = field(default_factory=list)  # left alone because the listing failed
     problems: list[str] = field(default_factory=list)  # one instance's trouble, the others still done
     ended: list[str] = field(default_factory=list)  # ids of the rows this reconcile ended (a reaper pass reports them)
+    swept: list[str] = field(default_factory=list)  # what the provider kept for groups with no live node, removed
 
     @property
     def ok(self) -> bool:
@@ -61,13 +68,15 @@ class ProviderReport:
 class Report:
     at: str
     providers: list[ProviderReport]
+    volumes: object = None  # what reconciling the volumes did (``volumes.reconcile``: changed, problems)
 
     @property
     def ok(self) -> bool:
-        return all(p.ok for p in self.providers)
+        return all(p.ok for p in self.providers) and not (self.volumes and self.volumes.problems)
 
     def to_dict(self) -> dict:
-        return {"at": self.at, "ok": self.ok, "providers": [dict(asdict(p), ok=p.ok) for p in self.providers]}
+        return {"at": self.at, "ok": self.ok, "providers": [dict(asdict(p), ok=p.ok) for p in self.providers],
+                "volumes": asdict(self.volumes) if self.volumes else None}
 
     def summary(self) -> dict:
         return {"at": self.at, "ok": self.ok,
@@ -113,6 +122,9 @@ def reconcile(orch, providers: Iterable[str] | None = None, unsettled_only: bool
     report = Report(_iso(started), [_provider(rec, name, [r for r in rows if r.provider == name],
                                               unsettled_only, listings)
                                     for name in (providers or configured(rec, rows))])
+    from orchestrator import volumes
+
+    report.volumes = volumes.reconcile(rec, providers)  # volumes carry orch's tag too: adopted, settled
     rec.ledger.set_meta(LAST_RUN, report.at)
     rec.ledger.set_meta(LAST_REPORT, json.dumps(report.summary()))
     return report
@@ -163,6 +175,9 @@ def _provider(orch, name: str, rows: list, unsettled_only: bool = False,
             _settle(orch, provider, row, listed, pr)
         except Exception as e:  # noqa: BLE001 - one instance's trouble must not stop the others
             pr.problems.append(f"{row.name}: {_why(e)}")
+    if any(r.state == states.READY for r in rows):  # an adopted instance is ready: else nothing to ask
+        unreached_deadline(orch, provider, pr)
+    sweep_groups(orch, provider, pr)
     held = {r.provider_id for r in rows if r.provider_id}
     if all(r.provider_id in held for r in remotes):
         return pr  # every instance listed was a row already: nothing to adopt, nothing more to read
@@ -247,7 +262,8 @@ def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None
         remote = provider.get(remote.provider_id)  # the listing may be minutes old by now
         if remote.status == Status.GONE:
             return
-        remote = reach.reachable(remote) or remote  # the route that answers (Vast.ai's proxy, say)
+        answering = reach.reachable(remote)  # the route that answers (Vast.ai's proxy, say)
+        remote = answering or remote
         earlier = ledger.get(label_id)
         iid = label_id if earlier is None else new_id()
         name = label_name
@@ -274,7 +290,100 @@ def _adopt(orch, provider: Provider, remote: Remote, pr: ProviderReport) -> None
                 return
             if ledger.adopt(inst, reason, ACTOR) is None:
                 return  # adopted meanwhile by a concurrent reconcile, or the name was taken
+            if state == states.READY and answering is None:  # its SSH deadline runs from now
+                ledger.remember(iid, **{UNREACHED: _iso(_now())})
     pr.adopted.append(name)
+
+
+def unreached_deadline(orch, provider: Provider, pr: ProviderReport) -> None:
+    """Every instance adopted from ``provider`` that has not answered SSH yet: once it answers, an
+    ordinary ready instance; past the deadline a fresh ``orch up`` gets (``ssh_timeout_minutes``,
+    or sooner where the provider says it never will: ``never_answers``), destroyed, the event
+    saying why. Without this the reaper keeps it for ever: unreachable, its idleness unknown."""
+    from sqlmodel import select
+
+    from orchestrator.ledger import Instance
+
+    with orch.ledger.session(write=False) as s:
+        rows = list(s.exec(select(Instance.id, Instance.name).where(
+            Instance.provider == provider.name, Instance.state == states.READY,
+            Instance.memory.contains(f'"{UNREACHED}"'))))
+    for iid, name in rows:
+        try:
+            with claims.try_hold(orch.ledger, name) as mine:
+                if not mine:
+                    pr.busy.append(name)
+                    continue
+                inst = orch.ledger.get(iid)
+                if inst.state == states.READY and _unreached(orch, provider, inst):
+                    pr.destroyed.append(inst.name)
+                    pr.ended.append(inst.id)
+        except Exception as e:  # noqa: BLE001 - one instance's trouble must not stop the others
+            pr.problems.append(f"{name}: {_why(e)}")
+
+
+def _unreached(orch, provider: Provider, inst) -> bool:
+    """One adopted instance not reached yet, under its claim: True when it was destroyed."""
+    from orchestrator import config
+    from orchestrator.ledger_sql import memory
+
+    mark = memory(inst).get(UNREACHED)
+    if not isinstance(mark, str):
+        return False
+    try:
+        since = datetime.fromisoformat(mark.replace("Z", "+00:00"))
+    except ValueError:
+        since = _now()
+    remote = provider.get(inst.provider_id)
+    if remote.status == Status.GONE:
+        return False  # ``sync`` records that
+    answering = reach.reachable(remote)
+    if answering is not None:
+        ep = answering.endpoint
+        orch.ledger.update(inst.id, ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user,
+                           host_key=inst.host_key or provider.vouched_host_key(inst.provider_id))
+        orch.ledger.remember(inst.id, **{UNREACHED: None})
+        orch.ledger.note(inst.id, f"answers SSH at {ep.host}:{ep.port} since its adoption at {_iso(since)}", ACTOR)
+        return False
+    waited = (_now() - since).total_seconds()
+    limit = float(config.get("ssh_timeout_minutes", 20)) * 60
+    never = provider.never_answers(remote, waited)
+    if never is None and waited < limit:
+        return False
+    shown = remote.detail or remote.status.value
+    why = never or (f"SSH did not answer within {limit / 60:g} min of its adoption at {_iso(since)} "
+                    f"(ssh_timeout_minutes, the deadline a fresh `orch up` gets; {provider.name} shows it {shown})")
+    orch.down(inst, f"adopted, never reachable: {why}; destroyed so it does not bill for ever")
+    return True
+
+
+def sweep_groups(orch, provider: Provider, pr: ProviderReport) -> None:
+    """What ``provider`` keeps for groups none of whose nodes is live any more, given back
+    (``RentsGroups.sweep_groups``): nodes end one by one (the reaper, the watchdog, a
+    preemption) and a group's own ``close_group`` may have failed. A failure is this pass's
+    problem; the next one tries again."""
+    if not isinstance(provider, RentsGroups):
+        return
+    found: list[set[str]] = []
+
+    def live() -> set[str]:
+        """The groups the ledger holds a live node of at this provider; read once, and only when the
+        provider holds something for a group (a quiet pass imports no models)."""
+        if not found:
+            from sqlmodel import select
+
+            from orchestrator.ledger import Instance
+
+            with orch.ledger.session(write=False) as s:
+                found.append({g for g in s.exec(select(Instance.group_id).where(
+                    Instance.provider == provider.name, Instance.state.in_(states.LIVE),
+                    Instance.group_id.is_not(None)).distinct()) if g})
+        return found[0]
+
+    try:
+        pr.swept += provider.sweep_groups(live)
+    except Exception as e:  # noqa: BLE001 - a failed sweep stops nothing else; the next pass tries again
+        pr.problems.append(f"groups: {_why(e)}")
 
 
 def leftover(orch, name: str, provider_name: str, request):

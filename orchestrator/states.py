@@ -48,3 +48,16 @@ IN_PROGRESS = frozenset({REQUESTED, PROVISIONING, STARTING, STOPPING, DESTROYING
 
 def allowed(src: str, dst: str) -> bool:
     return dst in TRANSITIONS.get(src, set())
+
+# A volume's states (``ledger_volumes``): written ``creating`` before its provider is asked, like an
+# instance's ``requested``; ``deleting`` before the provider is asked to delete it.
+VOLUME_CREATING, VOLUME_READY, VOLUME_FAILED = "creating", "ready", "failed"
+VOLUME_DELETING, VOLUME_DELETED = "deleting", "deleted"
+VOLUME_TRANSITIONS: dict[str, set[str]] = {
+    VOLUME_CREATING: {VOLUME_READY, VOLUME_FAILED, VOLUME_DELETING},
+    VOLUME_READY: {VOLUME_DELETING, VOLUME_DELETED},  # DELETED: gone at its provider, found by reconcile
+    VOLUME_DELETING: {VOLUME_DELETED, VOLUME_READY},
+    VOLUME_FAILED: set(),
+    VOLUME_DELETED: set(),
+}
+VOLUME_LIVE = frozenset(s for s, nxt in VOLUME_TRANSITIONS.items() if nxt)  # what may bill

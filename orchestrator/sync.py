@@ -8,13 +8,14 @@ An instance another orch process holds (its claim, see ``claims``) is that proce
 What it records, by what the provider shows:
 
 - **gone**: destroyed (when orch was destroying it), preempted then destroyed (a spot instance the
-  provider ended: nothing of it bills from then on), destroyed by its own watchdog (armed to
-  destroy), else lost;
+  provider ended: nothing of it bills from then on), destroyed by its own watchdog (on the
+  watchdog's own word: ``watchdog.mark``), else lost, ended from outside orch;
 - **running** while the ledger says stopped, preempted or scheduling: *unattended* (it bills and
   nothing orch prepared runs there); a ready instance whose endpoint moved gets the new one,
   but a route that answered (Vast.ai's proxy) is kept while the provider still offers it;
-- **stopped** while ready: preempted (spot), stopped by its own watchdog (armed to stop), or
-  stopped at the provider (from inside, or its console);
+- **stopped** while ready: preempted (spot), stopped by its own watchdog (on its own word, never
+  because it was armed), or stopped from outside orch (its console, its API, a power-off: the
+  provider's word for it added; the watchdog's state file, read once it is back, says if it was it);
 - **scheduling**: a start waits for a GPU (or an outbid spot instance for its bid);
 - **broken**: the container exited or the host dropped.
 
@@ -54,17 +55,18 @@ def sync(orch, inst, remote: Remote | None):
             return move(inst, states.DESTROYED, "confirmed gone at the provider")
         if s == states.PREEMPTED or (remote is not None and remote.preempted):
             return _ended_by_market(orch, inst, remote, what)
-        armed = _armed(orch, inst)
-        if armed and "destroy" in armed["commands"] and armed["idle_action"] == "destroy":
+        word = _watchdog_word(orch, inst, remote, "destroy")
+        if word:
             from orchestrator.watchdog import ACTOR
 
             orch.ledger.transition(inst.id, states.DESTROYING, actor=ACTOR, expect=s,
-                                   reason=f"gone at the provider: its watchdog destroys it ({_rule(armed)})")
+                                   reason=f"gone at the provider: destroyed by its watchdog{word}")
             return orch.ledger.transition(inst.id, states.DESTROYED, actor=ACTOR,
                                           reason="confirmed gone at the provider")
         if inst.spot:
             return _ended_by_market(orch, inst, remote, what)
-        return move(inst, states.LOST, "gone at the provider without orch destroying it")
+        return move(inst, states.LOST,
+                    f"ended from outside orch: gone at the provider without orch destroying it{what}")
 
     if s == states.DESTROYING:
         return orch.down(inst, "finishing a destroy that an interrupted orch had begun")
@@ -89,14 +91,13 @@ def sync(orch, inst, remote: Remote | None):
         if s in (states.READY, states.UNATTENDED, states.BROKEN):
             if inst.spot and (remote.preempted or s == states.READY):
                 return move(inst, states.PREEMPTED, f"spot instance stopped by the provider (preempted){what}")
-            armed = _armed(orch, inst) if s == states.READY else None
-            if armed and "stop" in armed["commands"]:
+            word = _watchdog_word(orch, inst, remote, "stop") if s == states.READY else None
+            if word:
                 from orchestrator.watchdog import ACTOR
 
-                return orch.ledger.transition(inst.id, states.STOPPED, actor=ACTOR, expect=s, reason=(
-                    f"stopped from inside while its watchdog was armed ({_rule(armed)} -> {armed['idle_action']}); "
-                    "its state file says why once it is back"))
-            return move(inst, states.STOPPED, "stopped at the provider (from inside or its console)")
+                return orch.ledger.transition(inst.id, states.STOPPED, actor=ACTOR, expect=s,
+                                              reason=f"stopped by its watchdog{word}")
+            return move(inst, states.STOPPED, f"stopped at the provider, not by orch{what}")
         if s in (states.STOPPING, states.STARTING, states.SCHEDULING):
             verb = {states.STOPPING: "stop", states.STARTING: "start"}.get(s)
             return move(inst, states.STOPPED, "stopped at the provider" + (
@@ -169,6 +170,19 @@ def _armed(orch, inst) -> dict | None:
     from orchestrator.watchdog import armed_now
 
     return armed_now(orch, inst)
+
+
+def _watchdog_word(orch, inst, remote, what: str) -> str:
+    """", armed RULE -> ACTION: ITS REASON" where the watchdog's own word says it did ``what``
+    (``watchdog.mark``); "" where it left none: then it is not blamed."""
+    from orchestrator.watchdog import mark
+
+    word = mark(orch, inst, remote, what)
+    if word is None:
+        return ""
+    armed = _armed(orch, inst)
+    rule = f" ({_rule(armed)} -> {armed['idle_action']})" if armed else ""
+    return f"{rule}: {word}"
 
 
 def _rule(armed: dict) -> str:

@@ -51,6 +51,7 @@ class Resources(_Strict):
     spot: bool = False
     bid: Optional[float] = Field(None, gt=0, lt=1000)
     max_price: Optional[float] = Field(None, gt=0, lt=10000)  # $/hr: offers above it are not ranked
+    min_vram: Optional[float] = Field(None, gt=0, le=4096)  # GB per GPU (dstack's gpu: 24GB, SkyPilot's A100-80GB)
 
 
 class Train(_Strict):
@@ -67,6 +68,25 @@ class Train(_Strict):
     resume: bool = False
 
 
+class Schedule(_Strict):
+    """``schedule:``, read by `orch schedule add -f task.yaml`: each flag given there wins over its key here."""
+
+    cron: str
+    tz: Optional[str] = None
+    window: Optional[str] = None
+    max_price: Optional[float] = Field(None, ge=0, lt=10000)
+    max_cost: Optional[float] = Field(None, ge=0, lt=1e6)
+    overlap: Literal["skip", "queue"] = "skip"
+    misfire: Literal["skip", "run-once"] = "skip"
+
+
+class VolumeSpec(_Strict):
+    """``volumes: {PATH: {name: NAME, per_node: true}}``: one volume per node of a group (``NAME-R``)."""
+
+    name: str
+    per_node: bool = False
+
+
 class Task(_Strict):
     name: Optional[str] = None
     resources: Resources = Field(default_factory=Resources)
@@ -81,12 +101,15 @@ class Task(_Strict):
     outputs: list[str] = Field(default_factory=list)
     checkpoint: Optional[str] = None
     checkpoint_minutes: float = Field(10.0, gt=0, le=100_000)
+    keep_checkpoints: int = Field(1, ge=0, le=1000)  # copies kept at home after success (newest first)
     max_cost: Optional[float] = Field(None, gt=0, lt=1e6)
     max_hours: Optional[float] = Field(None, gt=0, le=100_000)
     retries: int = Field(3, ge=0, le=20)
     idle_minutes: Optional[float] = Field(None, gt=0, le=100_000)
     on_idle: Optional[Literal["auto", "stop", "destroy"]] = None
     keep: bool = False
+    schedule: Optional[Schedule] = None  # read by `orch schedule add` only
+    volumes: dict[str, Union[str, VolumeSpec]] = Field(default_factory=dict)  # PATH: NAME (``volume_uses``)
 
 
 # -- what a command job keeps in its spec (the ledger's jobs.spec): names, never a secret's value ---
@@ -100,6 +123,7 @@ class CommandSpec:
     outputs: list[str] = field(default_factory=list)  # normalised, relative to the workdir
     checkpoint: str | None = None  # normalised, relative to the workdir
     checkpoint_minutes: float = 10.0
+    keep_checkpoints: int = 1  # the newest N copies of the checkpoint folder kept after success
     nodes: int = 1
     workdir_max_mb: float = DEFAULT_WORKDIR_MB
     excludes: list[str] = field(default_factory=list)  # filled in by workdir.pack
@@ -187,6 +211,35 @@ def _refusal(path: Path, lines: _Lines, err: dict) -> str:
     return f"{where}: {dotted}: expected {_expected(err)}, not {_show(err.get('input'))}"
 
 
+MAX_DEPTH = 32  # nesting a task file may have: its deepest key is three levels down
+
+
+def _loader():
+    """PyYAML's safe loader, refusing what only makes a small file huge: an alias (``*name``) makes
+    a value another node's, and nine nested lists of nine aliases each are a billion values in 400
+    bytes (walking, validating or printing them never ends). Each value written out is read once.
+    And no deeper nesting than ``MAX_DEPTH`` (the composer recurses)."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a task file: "
+                                                  "write the value out", self.peek_event().start_mark)
+            if self.depth >= MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return NoAliases
+
+
 def load(path: Path) -> tuple[Task, _Lines]:
     """The file, validated as a whole; UsageError (one line with file:line) at the first problem."""
     import yaml
@@ -196,19 +249,25 @@ def load(path: Path) -> tuple[Task, _Lines]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read the task file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    loader = _loader()(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()  # composed once; the values are built from this very node
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise UsageError(f"{path}:{line}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    finally:
+        loader.dispose()
     if node is None or data is None:
         raise UsageError(f"{path}:1: the task file is empty")
     lines = _Lines(node)
     if not isinstance(data, dict):
         raise UsageError(f"{path}:1: a task file is a mapping (name:, resources:, run:, ...), "
                          f"not {type(data).__name__}")
+    from orchestrator import peer_tasks
+
+    data = peer_tasks.native(data, lines, path, Task)  # a SkyPilot or dstack task file, read as orch's own
     try:
         task = Task.model_validate(data)
     except ValidationError as e:
@@ -258,10 +317,15 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
             raise UsageError(f"{at('outputs', i)}: output {out!r} is a name orch writes home itself: rename it")
     if task.checkpoint is not None:
         under_workdir(task.checkpoint, "checkpoint folder", at("checkpoint"))
-    for key in task.env:
+    for key, value in task.env.items():
         if not ENV_NAME.fullmatch(key) or key.startswith(RESERVED_ENV):
             raise UsageError(f"{at('env', key)}: env: {key!r} is not a variable name a command may set"
                              + (" (ORCH_ names are orch's)" if key.startswith(RESERVED_ENV) else ""))
+        if "\0" in scalar(value):
+            raise UsageError(f"{at('env', key)}: env: {key} holds a NUL character, which no environment variable can")
+    for key in ("run", "setup"):
+        if "\0" in (getattr(task, key) or ""):
+            raise UsageError(f"{at(key)}: {key}: holds a NUL character")
     for i, name in enumerate(task.secrets):
         if not ENV_NAME.fullmatch(name) or name.startswith(RESERVED_ENV):
             raise UsageError(f"{at('secrets', i)}: secrets: {name!r} is not a variable name")
@@ -272,6 +336,84 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
                              "`orch run` (its value is read at launch and never stored)")
     if task.resources.cpu and task.resources.gpu:
         raise UsageError(f"{at('resources', 'gpu')}: resources: cpu: true and a gpu exclude each other")
+    volume_flags(task, at)
+
+
+def volume_flags(task: Task, at=lambda *key: "volumes") -> list[str]:
+    """The task's ``volumes:`` checked (names, paths, nothing twice), as ``--volume`` flags write them."""
+    from orchestrator import volume_uses
+
+    uses = []
+    for path, value in task.volumes.items():
+        name, per_node = (value, False) if isinstance(value, str) else (value.name, value.per_node)
+        volume_uses.check_volume_name(name, per_node, f"{at('volumes', path)}: volumes")
+        uses.append(volume_uses.Use(name, volume_uses.check_path(path, f"{at('volumes', path)}: volumes"), per_node))
+    volume_uses.check_uses(uses, f"{at('volumes')}: volumes")
+    return [f"{u.name}:{u.path}" + (f":{volume_uses.PER_NODE}" if u.per_node else "") for u in uses]
+
+
+WORKDIR_TAR = re.compile(r"workdir-[0-9a-f]{16}\.tar")  # workdir.pack's name: the tar's own hash
+
+
+def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
+    """A command's spec as the ledger gives it back, held to what making it checked (a shared
+    ledger is input too: whoever can write it must not make a reaper send or write a file it
+    chooses): each field of its type, names and values a command may have, the outputs and the
+    checkpoint folder inside the workdir, the workdir an absolute folder, and its packed copy a
+    name ``workdir.pack`` gives, taken from ``cache`` alone. UsageError names the first field wrong."""
+    def refuse(what: str):
+        raise UsageError(f"the job's stored command is refused: {what}")
+
+    def text(value, key, empty=False) -> bool:
+        if not isinstance(value, str) or "\0" in value or (not empty and not value.strip()):
+            refuse(f"{key} is not a text it could have been made with")
+        return True
+
+    def number(value, key, low, high, kind=(int, float)) -> None:
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            refuse(f"{key} {value!r} is not a number from {low} to {high}")
+
+    text(cmd.run, "run")
+    if cmd.setup is not None:
+        text(cmd.setup, "setup", empty=True)
+    if not isinstance(cmd.env, dict) or not isinstance(cmd.secrets, list):
+        refuse("env or secrets is not a mapping or a list")
+    for key, value in cmd.env.items():
+        if not ENV_NAME.fullmatch(str(key)) or key.startswith(RESERVED_ENV):
+            refuse(f"env {key!r} is not a variable a command may set")
+        text(value, f"env {key}", empty=True)
+    for name in cmd.secrets:
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or name.startswith(RESERVED_ENV):
+            refuse(f"secret {name!r} is not a variable name")
+    if not isinstance(cmd.outputs, list) or not isinstance(cmd.excludes, list):
+        refuse("outputs is not a list")
+    for out in cmd.outputs:
+        if not isinstance(out, str) or under_workdir(out, "output", "the job's stored command") != out \
+                or out in RESERVED_OUTPUTS:
+            refuse(f"output {out!r} is not a path inside the workdir")
+    if cmd.checkpoint is not None and (not isinstance(cmd.checkpoint, str)
+                                       or under_workdir(cmd.checkpoint, "checkpoint folder",
+                                                        "the job's stored command") != cmd.checkpoint):
+        refuse(f"checkpoint {cmd.checkpoint!r} is not a folder inside the workdir")
+    number(cmd.checkpoint_minutes, "checkpoint_minutes", 1e-9, 100_000)
+    number(cmd.keep_checkpoints, "keep_checkpoints", 0, 1000, int)
+    number(cmd.nodes, "nodes", 1, 64, int)
+    number(cmd.workdir_max_mb, "workdir_max_mb", 1e-9, 100_000)
+    if cmd.workdir_bytes is not None:
+        number(cmd.workdir_bytes, "workdir_bytes", 0, 1 << 50, int)
+    if cmd.workdir is None:
+        if cmd.workdir_tar is not None:
+            refuse("a packed workdir without a workdir")
+        return cmd
+    text(cmd.workdir, "workdir")
+    if not os.path.isabs(cmd.workdir) or os.path.normpath(cmd.workdir) != cmd.workdir:
+        refuse(f"workdir {cmd.workdir!r} is not the absolute folder the job was made with")
+    # The packed copy is named by its content when the job is made (``workdir.pack``) and taken
+    # from orch's cache alone: whatever folder the row names for it is not read.
+    if not isinstance(cmd.workdir_tar, str) or not WORKDIR_TAR.fullmatch(Path(cmd.workdir_tar).name):
+        refuse("its packed workdir is not one orch made (workdir-HASH.tar in its cache)")
+    cmd.workdir_tar = str(Path(cache) / Path(cmd.workdir_tar).name)
+    return cmd
 
 
 def secret_values(names: list[str], environ=None) -> dict[str, str]:
@@ -285,12 +427,23 @@ def secret_values(names: list[str], environ=None) -> dict[str, str]:
     return {n: environ[n] for n in names}
 
 
+def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
+    """(the values this process holds of the secrets ``names``, the names it does not hold): what
+    ``text.redact`` hides in whatever came from an instance that got them. Where one is not held,
+    nothing that may show it (a log's lines) is kept or shown."""
+    environ = os.environ if environ is None else environ
+    names = [n for n in names or () if isinstance(n, str)]
+    return [environ[n] for n in names if environ.get(n)], [n for n in names if not environ.get(n)]
+
+
 def env_pairs(pairs: list[str], flag: str = "--env") -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not ENV_NAME.fullmatch(key) or key.startswith(RESERVED_ENV):
             raise UsageError(f"{flag} takes NAME=VALUE with a plain variable name, not {pair!r}")
+        if "\0" in value:
+            raise UsageError(f"{flag} {key}: the value holds a NUL character, which no environment variable can")
         out[key] = value
     return out
 

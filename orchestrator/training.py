@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import claims
+from orchestrator import claims, volume_mounts
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import clean
 
@@ -214,18 +214,11 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
 
     run = orch.ledger.latest_run(inst.id) if spec.resume else None
     limits = extract_limits(inst.disk_gb or 20, spec.data_bytes)
+    volumes = volume_mounts.env(orch, inst)  # HF_HOME and ORCH_VOLUME_* where it mounts volumes
     with orch.connect(inst) as c:
         work = host.workdir(c)
         orch.say("      staging the data")
-        if spec.data.startswith("hf://"):
-            from orchestrator.hub import parse_hf
-
-            train.ensure_hub_client(c)
-            repo_id, filename = parse_hf(spec.data)
-            data_yaml = train.stage_hf(c, repo_id, filename, hub_env(), limits)
-        else:
-            data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=lambda m: orch.say(f"      {m}"),
-                                        limits=limits)
+        data_yaml = stage(orch, inst, c, spec, limits, lambda m: orch.say(f"      {m}"))
         if run is None:
             run = orch.ledger.add_run(instance_id=inst.id, model=spec.model, data=spec.data,
                                       data_bytes=spec.data_bytes, epochs=spec.epochs, gpu_name=inst.gpu_name,
@@ -239,7 +232,7 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
         if spec.push_to:
             train.ensure_hub_client(c)
         kill_point("before-train")
-        pid = train.start(c, entry, hub_env() if spec.push_to else {})
+        pid = train.start(c, entry, {**volumes, **(hub_env() if spec.push_to else {})})
     public = {k: v for k, v in keys.items() if k != "data"}
     run = orch.ledger.update_run(run.id, run_dir=f"{project}/{name}", pid=pid, state="running",
                                  args=json.dumps(public, sort_keys=True), ended_at=None)
@@ -247,6 +240,38 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
                               f"{spec.epochs} epochs, pid {pid}", orch.actor)
     orch.say(f"      training {spec.model} for {spec.epochs} epochs, pid {pid}, run {run.run_dir}")
     return run
+
+
+def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log) -> str:
+    """The dataset on the instance behind ``c``; returns its data.yaml there. Where the instance
+    mounts a volume, a packed dataset is staged on the first one once and reused by every later
+    job while its checksum matches (``train.stage_on_volume``), and the hub's cache (``HF_HOME``)
+    is there too (``volume_mounts``)."""
+    import time
+
+    from playbooks import train
+
+    if spec.data.startswith("hf://"):
+        from orchestrator.hub import parse_hf
+
+        train.ensure_hub_client(c)
+        repo_id, filename = parse_hf(spec.data)
+        return train.stage_hf(c, repo_id, filename, {**volume_mounts.env(orch, inst), **hub_env()}, limits)
+    t0 = time.monotonic()
+    with volume_mounts.staging(orch, inst) as data_dir:
+        if data_dir is None:
+            data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=log, limits=limits)
+            orch.ledger.note(inst.id, f"dataset {spec.dataset_name} staged on the instance in "
+                                      f"{time.monotonic() - t0:.2f} s", orch.actor)
+            return data_yaml
+        data_yaml, how = train.stage_on_volume(c, spec.local_tar, spec.dataset_name, data_dir,
+                                               _sha256(spec.local_tar), log=log, limits=limits)
+    said = {"reused": "reused from the volume (its checksum matches: nothing uploaded or unpacked)",
+            "unpacked": "unpacked again from the tar on the volume (its checksum matches: nothing uploaded)",
+            "uploaded": "staged on the volume (the next job on it reuses it)"}[how]
+    log(f"data: {said}, {time.monotonic() - t0:.2f} s")
+    orch.ledger.note(inst.id, f"dataset {spec.dataset_name} {said} in {time.monotonic() - t0:.2f} s", orch.actor)
+    return data_yaml
 
 
 def _ensure_checkpoint(orch, inst, c, run_dir: str, epochs: int) -> None:
@@ -395,17 +420,39 @@ def pull(orch, inst, run, dest: Path | None = None, view: dict | None = None, on
         return _pull(orch, inst, run, target, view, False)
 
 
+def run_secrets(run) -> list[str]:
+    """The names of the secrets the run's command got (its args say, from its launch); a training none."""
+    try:
+        args = json.loads(run.args or "{}") if run is not None else {}
+    except (ValueError, TypeError, RecursionError):
+        return []
+    names = args.get("secrets") if isinstance(args, dict) else None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
 def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: bool):
+    from orchestrator.task import held_secrets
+    from orchestrator.text import redact_file
     from playbooks import pull as pulling
     from playbooks import train
 
+    # What the run printed may show a secret its command got: hidden in every text file that comes
+    # home, and where this process does not hold one (a scheduled reaper), no text file comes.
+    hide, missing = held_secrets(run_secrets(run))
     with orch.connect(inst) as c:
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))
         files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
         left = []
+        if missing and any(not f.rel.endswith(".pt") for f in files):
+            left.append(f"left on the instance: {', '.join(f.rel for f in files if not f.rel.endswith('.pt'))} "
+                        f"(this orch process does not hold {', '.join(missing)} to hide it)")
+            files = [f for f in files if f.rel.endswith(".pt")]
         got = pulling.pull(c, run.run_dir, files, target, strict=not only_milestones, bounds=run_bounds(run),
                            log=lambda m: left.append(m) if m.startswith("left on the instance") else None)
+    for rel in got if hide else []:
+        if not rel.endswith(".pt"):
+            redact_file(target / rel, hide)
     for line in left if not only_milestones else []:  # what the bounds left: said, and on the instance's record
         orch.say(f"      {line}")
         orch.ledger.note(inst.id, line[:500], orch.actor)

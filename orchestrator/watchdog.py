@@ -3,7 +3,12 @@ config, arming it (``orch up``, ``orch start``, a reaper pass that finds it dead
 what it did. What orch remembers of it lives in the instance's ledger memory:
 
 - ``watchdog``: the summary of the last arm (when, the rule, which self-stop commands it has);
-- ``watchdog_seen``: the last action of its already recorded as an event (recorded once).
+- ``watchdog_seen``: the last action of its already recorded as an event (recorded once);
+- ``watchdog_acted``: the last stop or destroy its state file showed (begun, or done), for ``mark``.
+
+Who stopped or ended an instance is never inferred from the watchdog being armed: ``mark`` says it
+was the watchdog only on the watchdog's own word, read in its state file or kept by the provider
+(``Remote.ended_by``); anything else was done from outside orch (``sync``).
 """
 
 from __future__ import annotations
@@ -108,6 +113,12 @@ def learn(orch, inst, state: dict | None) -> None:
         return
     since = history(orch, inst).ready_since
     since = since.timestamp() if since else 0
+    acted = orch.ledger.recall(inst.id, "watchdog_acted")
+    if at >= since and (not isinstance(acted, dict) or acted.get("at") != at):
+        from orchestrator.text import clean
+
+        orch.ledger.remember(inst.id, watchdog_acted={"what": action["what"], "at": at,
+                                                      "reason": clean(action.get("reason"), 200)})
     if action.get("rc") is None and not action.get("error") and at >= since and time.time() - at < 60:
         return  # still in flight in this ready period: its outcome comes with the next look
     seen = f"{at}:{action.get('rc')}:{bool(action.get('error'))}"
@@ -125,6 +136,28 @@ def learn(orch, inst, state: dict | None) -> None:
         text = f"watchdog ran its self-{action['what']} at {when} (exit {clean(action.get('rc'), 10)}): {reason}"
     orch.ledger.note(inst.id, text, ACTOR)
     orch.ledger.remember(inst.id, watchdog_seen=seen)
+
+
+def mark(orch, inst, remote, what: str) -> str | None:
+    """The watchdog's own word that it did ``what`` ("stop" or "destroy") to ``inst`` in its current
+    ready period: the reason its provider kept (``Remote.ended_by``), or the action its state file
+    showed when orch last read it; None where it left none (then it was not known to be the watchdog)."""
+    word = getattr(remote, "ended_by", "") if remote is not None else ""
+    if word:
+        from orchestrator.text import clean
+
+        return clean(word, 200)
+    acted = orch.ledger.recall(inst.id, "watchdog_acted")
+    if not isinstance(acted, dict) or acted.get("what") != what:
+        return None
+    since = history(orch, inst).ready_since
+    try:
+        at = float(acted.get("at") or 0)
+    except (TypeError, ValueError):
+        return None
+    if since is not None and at < since.timestamp() - 5:
+        return None  # a stop of an earlier ready period
+    return str(acted.get("reason") or "?")
 
 
 def read_state(orch, inst) -> dict | None:

@@ -2,9 +2,13 @@
 
 What is left out follows the folder's own ``.gitignore`` and ``.orchignore`` (the patterns git
 users already keep: ``name``, ``*.ext``, ``dir/``, ``/rooted``, ``**``; ``!`` re-includes), and
-``.git`` always. Links are not followed (one pointing outside would carry files the user never
-meant to send). The size cap (``workdir_max_mb``) is checked on what would be sent, before
-anything is rented: a workdir is code and small files, a dataset goes another way.
+``.git`` always, at any depth, whatever a ``!`` pattern says. Links are not followed (one pointing
+outside would carry files the user never meant to send); a file with several hard links is sent
+as the regular file it is. The size cap (``workdir_max_mb``) is checked on what would be sent,
+before anything is rented: a workdir is code and small files, a dataset goes another way.
+
+The packed tar is named by its content and lives in orch's cache; a job keeps that name, and a
+later launch sends that very content (``ready``): a workdir that changed since is refused.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from pathlib import Path
 from orchestrator.errors import UsageError
 
 IGNORE_FILES = (".gitignore", ".orchignore")
-ALWAYS = [".git/"]
+NEVER = ".git"  # a repository's history and config (its remotes' tokens too): never sent, at any depth
 
 
 def patterns(root: Path) -> list[str]:
-    found = list(ALWAYS)
+    found = []
     for name in IGNORE_FILES:
         try:
             text = (root / name).read_text(errors="replace")
@@ -45,6 +49,8 @@ def _matches(pattern: str, rel: str, is_dir: bool) -> bool:
 
 
 def excluded(rel: str, is_dir: bool, pats: list[str]) -> bool:
+    if NEVER in rel.split("/"):  # before any pattern: no "!" brings it back
+        return True
     out = False
     for p in pats:  # the last matching pattern decides, as in git
         neg = p.startswith("!")
@@ -93,14 +99,57 @@ def pack(root: Path, cache: Path) -> tuple[Path, int]:
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for rel, _ in files(root, patterns(root)):
             info = tar.gettarinfo(str(root / rel), arcname=rel)
+            if info.islnk():  # a second name of a file already in: sent whole (the instance takes only regular files)
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.stat(root / rel).st_size
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             with open(root / rel, "rb") as f:
                 tar.addfile(info, f)
-    h = hashlib.sha256()
-    with open(tmp, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    final = cache / f"workdir-{h.hexdigest()[:16]}.tar"
+    final = cache / _hash_name(tmp)
     os.replace(tmp, final)
     return final, final.stat().st_size
+
+
+def _hash_name(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return f"workdir-{h.hexdigest()[:16]}.tar"
+
+
+def folder(base: Path, given: str, where: str) -> Path:
+    """The workdir a task names (relative to ``base``, ``~`` expanded), absolute; refused in one line
+    when no folder can have that name (a NUL, a ``~user`` with no home)."""
+    try:
+        path = (Path(base) / Path(given).expanduser()).resolve()
+    except (RuntimeError, ValueError, OSError) as e:
+        raise UsageError(f"{where}: workdir {given!r} is no folder orch can read ({e})") from None
+    if "\0" in str(path):
+        raise UsageError(f"{where}: workdir {given!r} is no folder orch can read")
+    return path
+
+
+def ready(cmd, cache: Path, say):
+    """A command's workdir packed in orch's cache, as its job recorded it (``cmd``: a
+    ``task.CommandSpec``): the first time, packed; after that, the cached tar when its content
+    still gives its name, else the folder packed again, which must give that same tar. A job runs
+    the files it was made with, and a row that names another folder sends nothing."""
+    if not cmd.workdir:
+        return cmd
+    want = Path(cmd.workdir_tar).name if cmd.workdir_tar else None
+    if want is not None:
+        cached = Path(cache) / want
+        if cached.is_file() and not cached.is_symlink() and _hash_name(cached) == want:
+            cmd.workdir_tar = str(cached)
+            return cmd
+    total, count = measure(Path(cmd.workdir), cmd.workdir_max_mb, "workdir")
+    tar, size = pack(Path(cmd.workdir), Path(cache))
+    if want is not None and tar.name != want:
+        tar.unlink(missing_ok=True)  # packed only to be compared: no copy of that folder is kept
+        raise UsageError(f"the workdir {cmd.workdir} is not what the job was made with (its packed copy {want} is "
+                         f"gone from orch's cache, and the folder packs to {tar.name} now): a job runs the files "
+                         "it was made with; submit a new job to run these")
+    cmd.workdir_tar, cmd.workdir_bytes = str(tar), size
+    say(f"      workdir: {count} file(s), {total / 1e6:.2f} MB from {cmd.workdir}")
+    return cmd

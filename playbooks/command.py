@@ -72,12 +72,12 @@ def restore(c, local_folder: Path, dest: str) -> int:
 @task
 def private_ip(c, fallback: str) -> str:
     """The instance's own first address (what a rendezvous of its group listens on)."""
-    import ipaddress
+    from orchestrator.nodes import plain_ip
 
     out = remote.run(c, "hostname -I 2>/dev/null || true", check=False).split()
     for word in out:
         try:
-            return str(ipaddress.ip_address(word))
+            return plain_ip(word)  # what the instance printed: a plain IP literal, never a scope id
         except ValueError:
             continue
     return fallback
@@ -110,3 +110,19 @@ def listing(c, root: str, rels: list[str]) -> dict:
 @task
 def snapshot(c, root: str, rel: str, dest: str) -> dict:
     return host.script(c, "tree.py", "snapshot", root, rel, dest)
+
+
+@task
+def log_since(c, log: str, offset: int, limit: int = 1 << 20) -> tuple[str, int]:
+    """What a run's log gained since byte ``offset`` (at most ``limit`` bytes), and the offset after
+    it: `orch exec` prints a command's output as it comes."""
+    q = shlex.quote
+    offset, limit = int(offset), int(limit)
+    out = remote.run(c, f"s=$(stat -c %s {q(log)} 2>/dev/null || echo 0); n=$((s - {offset})); "
+                        f"[ $n -lt 0 ] && n=0; [ $n -gt {limit} ] && n={limit}; echo $n; "
+                        f"[ $n -gt 0 ] && tail -c +{offset + 1} {q(log)} | head -c $n", check=False)
+    count, _, text = out.partition("\n")
+    try:
+        return text, offset + int(count.strip())
+    except ValueError:
+        return "", offset

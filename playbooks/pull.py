@@ -12,19 +12,28 @@ Whatever the instance says (its file list, sizes, names) is checked before it to
 - a partial copy is resumed when the instance's file is still the same (size, mtime, checksum);
 - only what the run could have written, within bounds (``Bounds``): ``epoch_N.pt`` for N up to the
   run's epochs and on its save period, each log as its newest part within a cap, and everything
-  within a total. The instance decides how big its files are and how many there are (a sparse
-  1.5 GB train.log costs it nothing): what is left on the instance is said, never pulled.
+  within one budget of bytes and of files per destination folder (a job's ``runs/NAME``, whatever
+  pulls into it: every look, every attempt), counted from what the folder's manifest says came
+  home before, never afresh at each pull. The instance decides how big its files are and how many
+  there are (a sparse 1.5 GB train.log costs it nothing, nor a new 200 MB file at every look): what
+  is left on the instance is said, never pulled;
+- a file this machine cannot hold under its name (a name over 255 bytes; ``out/c`` a file and
+  ``out/c/d`` too) is that file's failure, left on the instance and said, never the pull's end.
 
-A pull that cannot verify a file raises: its caller (``orch down``, the reaper) then destroys nothing.
+The manifest is saved in batches (and at the end, whatever happens), so a look over many files
+costs in proportion to them. A pull that cannot verify a file raises: its caller (``orch down``,
+the reaper) then destroys nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,7 +54,16 @@ LOGS = ("train.log", "metrics.jsonl", "results.csv")
 EPOCH_FILE = re.compile(r"weights/epoch_([0-9]{1,7})\.pt")
 LIBREYOLO_SAVE_PERIOD = 10  # its default save_period (libreyolo/training/config.py, cli/commands/train.py)
 LOG_MB = 64  # default cap on each log's newest part (ORCH_PULL_LOG_MB, config.toml pull_log_mb)
-MAX_GB = 50.0  # default cap on what one run's pull brings home (ORCH_PULL_MAX_GB, config.toml pull_max_gb)
+MAX_GB = 50.0  # default cap on what a run's (a job's) pulls keep at home (ORCH_PULL_MAX_GB, config.toml pull_max_gb)
+MAX_FILES = 20_000  # default cap on how many files they keep (ORCH_PULL_MAX_FILES, config.toml pull_max_files)
+SAVE_EVERY = 500  # files pulled between two saves of the manifest (and every SAVE_SECONDS)
+SAVE_SECONDS = 5.0
+RESUMABLE = 8 << 20  # a partial copy of a file this big is recorded at once, to be resumed after a break
+_SUM_ARGS = 64 << 10  # checksum.py's arguments per call: one command line, under the kernel's 128 KiB per argument
+_PARTS = "\u0000parts"  # the manifest's record of partial copies (no file name holds a NUL)
+# A name this machine cannot make (too long, a file where a folder must be, the other way round): the
+# file is left on the instance; any other error (a full disk) is the pull's, and nothing is destroyed.
+_UNNAMEABLE = {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EINVAL, errno.EILSEQ}
 # Which files come first when the total cap leaves some behind: the run's record, then its weights.
 _ORDER = ("status.json", "summary.json", "train_config.yaml", "results.csv", "metrics.jsonl", "weights/best.pt",
           "weights/last.pt", "train.log")
@@ -65,7 +83,8 @@ class Bounds:
     epochs: int | None = None  # the run's --epochs: no epoch_N.pt above it
     save_period: int | None = None  # its save period: epoch_N.pt only for N a multiple of it
     log_bytes: int = LOG_MB << 20
-    total_bytes: int = int(MAX_GB * (1 << 30))
+    total_bytes: int = int(MAX_GB * (1 << 30))  # what the destination holds at most, over every pull into it
+    total_files: int = MAX_FILES
 
     @classmethod
     def of_run(cls, epochs=None, save_period=None) -> "Bounds":
@@ -90,12 +109,17 @@ class Bounds:
                    save_period=(save_period if isinstance(save_period, int) and save_period > 0
                                 else LIBREYOLO_SAVE_PERIOD) if known else None,
                    log_bytes=int(setting("ORCH_PULL_LOG_MB", "pull_log_mb", LOG_MB) * (1 << 20)),
-                   total_bytes=int(setting("ORCH_PULL_MAX_GB", "pull_max_gb", MAX_GB) * (1 << 30)))
+                   total_bytes=int(setting("ORCH_PULL_MAX_GB", "pull_max_gb", MAX_GB) * (1 << 30)),
+                   total_files=max(1, int(setting("ORCH_PULL_MAX_FILES", "pull_max_files", MAX_FILES))))
 
 
-def bounded(files: list[RunFile], bounds: Bounds) -> tuple[list[RunFile], list[str], list[str]]:
-    """(what to pull, what the run could not have written, what the total cap leaves behind): the
-    last two are on the instance still, each said with why."""
+def bounded(files: list[RunFile], bounds: Bounds, held: dict[str, int] | None = None,
+            home=lambda f: False) -> tuple[list[RunFile], list[str], list[str]]:
+    """(what to pull, what the run could not have written, what the budget leaves behind): the last
+    two are on the instance still, each said with why. ``held``: the bytes of each file the
+    destination holds already (its manifest), counted against the budget whether offered again or
+    not; ``home(f)``: ``f`` is at home as it is, so it keeps its place before anything new."""
+    held = held or {}
     implausible, over, plausible, never = [], [], [], []
     for f in files:
         m = EPOCH_FILE.fullmatch(f.rel)
@@ -112,20 +136,29 @@ def bounded(files: list[RunFile], bounds: Bounds) -> tuple[list[RunFile], list[s
 
     def rank(f):
         m = EPOCH_FILE.fullmatch(f.rel)
-        return (len(_ORDER), -int(m[1])) if m else (_ORDER.index(f.rel) if f.rel in _ORDER else len(_ORDER), 0)
+        kind = (len(_ORDER), -int(m[1])) if m else (_ORDER.index(f.rel) if f.rel in _ORDER else len(_ORDER), 0)
+        return (not home(f), *kind)
 
-    take, total = [], 0
+    offered = {f.rel for f in plausible}
+    others = [n for rel, n in held.items() if rel not in offered]  # at home, and not offered again
+    total, count = sum(others), len(others)
+    take = []
     for f in sorted(plausible, key=rank):
         size = min(f.size, f.newest) if f.newest is not None else f.size
         if total + size > bounds.total_bytes:
-            over.append(f"{f.rel} ({_mb(size)}: past the pull's cap of {_mb(bounds.total_bytes)}, "
+            over.append(f"{f.rel[:120]} ({_mb(size)}: past the {_mb(bounds.total_bytes)} that come home, "
                         "ORCH_PULL_MAX_GB raises it)")
+        elif count + 1 > bounds.total_files and f.rel not in held:  # one held is counted either way
+            over.append(f"{f.rel[:120]} (past the {bounds.total_files} files that come home, ORCH_PULL_MAX_FILES "
+                        "raises it)")
+        else:
+            total, count = total + size, count + 1
+            take.append(f)
+            if f.newest is not None and f.size > f.newest:
+                implausible.insert(0, f"the first {_mb(f.size - f.newest)} of {f.rel} (its newest {_mb(f.newest)} "
+                                   "came home; ORCH_PULL_LOG_MB raises the cap)")
             continue
-        total += size
-        take.append(f)
-        if f.newest is not None and f.size > f.newest:
-            implausible.insert(0, f"the first {_mb(f.size - f.newest)} of {f.rel} (its newest {_mb(f.newest)} came "
-                               "home; ORCH_PULL_LOG_MB raises the cap)")
+        total, count = total + held.get(f.rel, 0), count + (f.rel in held)  # its older copy stays at home
     return take, implausible, over
 
 
@@ -166,65 +199,141 @@ def destination(dest: Path, rel: str) -> Path:
 def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: bool = True,
          bounds: Bounds | None = None) -> list[str]:
     """Bring ``files`` home to ``dest``, skipping what is there unchanged; returns what was pulled.
-    ``strict``: a file the instance listed but will not vouch for (no checksum, never matching) is
-    an error: the caller must not destroy. Not strict (a milestone pull while the run goes on): such a
-    file is left for the next look, as one that changed while it was read. ``bounds``: what the run
-    could have written and the caps (default: the caps alone); what they leave on the instance is
-    logged, and under ``strict`` what the total cap leaves is an error (raise the cap, or destroy by hand)."""
+    ``strict``: a file the instance listed but will not vouch for (no checksum, never matching), or
+    that this machine failed to write (a full disk), is an error: the caller must not destroy. Not
+    strict (a milestone pull while the run goes on): such a file is left for the next look, as one
+    that changed while it was read. ``bounds``: what the run could have written and the budget
+    (default: the caps alone); what they leave on the instance is logged, and under ``strict`` what
+    the budget leaves is an error (raise it, or destroy by hand). A file whose name this machine
+    cannot hold is left on the instance and logged, strict or not: no later look could bring it."""
     dest = Path(dest)
     bounds = bounds or Bounds.of_run(None)
-    files, implausible, over = bounded(files, bounds)
-    if implausible or over:
-        log(f"left on the instance: {'; '.join((implausible + over)[:5])}"
-            + (f" and {len(implausible + over) - 5} more" if len(implausible + over) > 5 else ""))
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OrchError(f"cannot write the pull's folder {dest}: {e}") from None
     manifest = _load(dest)
+    files, implausible, over = bounded(files, bounds, _held(dest, manifest), lambda f: _fresh(dest, manifest, f))
+    if implausible or over:
+        log(f"left on the instance: {_some(implausible + over, 5)}")
     todo = [f for f in files if not _fresh(dest, manifest, f)]
-    got = []
-    sums = host.script(c, "checksum.py", run_dir, *[a for f in todo for a in _args(f)]) if todo else {}
-    for f in todo:
-        for attempt in range(ATTEMPTS):
-            theirs = _checked(sums.get(f.rel), f.newest)
-            if theirs is None:
-                problem = f"{f.rel} on the instance is not a regular file in the run folder: not pulled"
-                break
-            size, mtime, sha, offset = theirs
-            if _fetch(c, f"{run_dir}/{f.rel}", destination(dest, f.rel), size, sha, manifest, dest, f.rel, mtime,
-                      offset):
-                problem = None
-                break
-            problem = (f"{f.rel} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps changing "
-                       "or the transfer is corrupt; nothing was renamed into place")
-            # It changed while we read it: its sum again (the others' sums still stand).
-            sums = {**sums, f.rel: host.script(c, "checksum.py", run_dir, *_args(f)).get(f.rel)}
-        if problem:
-            if strict:
-                raise OrchError(problem)
-            log(f"left for the next look: {problem}")
-            continue
-        manifest[f.rel] = [size, mtime, sha]
-        manifest.pop(f.rel + ".part", None)
-        _save(dest, manifest)
-        got.append(f.rel)
+    got, unnamed = [], []
+    saved = _Saver(dest, manifest)
+    try:
+        sums = _sums(c, run_dir, todo)
+        for f in todo:
+            try:
+                problem = _one(c, run_dir, f, dest, manifest, sums, saved)
+            except OSError as e:  # this machine's, for this one file
+                if e.errno in _UNNAMEABLE:
+                    unnamed.append(f"{f.rel[:120]} ({e.strerror or e}: not a name this machine can hold)")
+                    continue
+                problem = f"{f.rel[:120]} could not be written here: {e.strerror or e}"
+            if problem:
+                if strict:
+                    raise OrchError(problem)
+                log(f"left for the next look: {problem}")
+                continue
+            got.append(f.rel)
+    finally:
+        saved.flush()
+    if unnamed:
+        log(f"left on the instance: {_some(unnamed, 5)}")
     if got:
-        log(f"pulled {', '.join(got)} to {dest}")
+        log(f"pulled {_some(got, 20)} to {dest}")
     if over and strict:
-        raise OrchError(f"the pull stopped at its cap of {_mb(bounds.total_bytes)}: "
-                        f"{'; '.join(over[:3])}. Raise ORCH_PULL_MAX_GB (or pull_max_gb in config.toml) to bring "
-                        "them home; nothing is destroyed meanwhile")
+        raise OrchError(f"the pull stopped at its budget of {_mb(bounds.total_bytes)} and {bounds.total_files} files: "
+                        f"{'; '.join(over[:3])}. Raise ORCH_PULL_MAX_GB or ORCH_PULL_MAX_FILES (pull_max_gb, "
+                        "pull_max_files in config.toml) to bring them home; nothing is destroyed meanwhile")
     return got
+
+
+def _one(c, run_dir: str, f: RunFile, dest: Path, manifest: dict, sums: dict, saved) -> str | None:
+    """One file home, verified and in the manifest; None, or why not (an OSError of this machine's
+    is raised to the caller)."""
+    target = destination(dest, f.rel)
+    for _ in range(ATTEMPTS):
+        theirs = _checked(sums.get(f.rel), f.newest)
+        if theirs is None:
+            return f"{f.rel[:120]} on the instance is not a regular file in the run folder: not pulled"
+        size, mtime, sha, offset = theirs
+        if _fetch(c, f"{run_dir}/{f.rel}", target, size, sha, manifest, dest, f.rel, mtime, offset, saved):
+            manifest[f.rel] = [size, mtime, sha, size - offset]
+            saved.changed()
+            return None
+        # It changed while we read it: its sum again (the others' sums still stand).
+        sums[f.rel] = host.script(c, "checksum.py", run_dir, *_args(f)).get(f.rel)
+    return (f"{f.rel[:120]} never matched its checksum on the instance ({ATTEMPTS} tries): it keeps changing or the "
+            "transfer is corrupt; nothing was renamed into place")
+
+
+def _some(items: list[str], n: int) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _sums(c, run_dir: str, todo: list[RunFile]) -> dict:
+    """The instance's checksums of ``todo``, asked in calls whose arguments stay well under one command
+    line's limit (thousands of names would not fit in one)."""
+    sums, batch, length = {}, [], 0
+    for f in todo:
+        args = _args(f)
+        if batch and length + sum(len(a) + 3 for a in args) > _SUM_ARGS:
+            sums.update(host.script(c, "checksum.py", run_dir, *batch))
+            batch, length = [], 0
+        batch += args
+        length += sum(len(a) + 3 for a in args)
+    if batch:
+        sums.update(host.script(c, "checksum.py", run_dir, *batch))
+    return sums
+
+
+class _Saver:
+    """The manifest saved every SAVE_EVERY files or SAVE_SECONDS, and once at the end: rewriting it
+    after each file made a look over n files cost n² (8,000 files took 478 s)."""
+
+    def __init__(self, dest: Path, manifest: dict):
+        self.dest, self.manifest, self.dirty, self.since = dest, manifest, 0, time.monotonic()
+
+    def changed(self) -> None:
+        self.dirty += 1
+        if self.dirty >= SAVE_EVERY or time.monotonic() - self.since >= SAVE_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.dirty:
+            _save(self.dest, self.manifest)
+        self.dirty, self.since = 0, time.monotonic()
 
 
 def _args(f: RunFile) -> list[str]:
     return [f.rel] if f.newest is None else ["--tail", str(f.newest), f.rel]
 
 
+def _held(dest: Path, manifest: dict) -> dict[str, int]:
+    """The bytes at home of each file the manifest says a pull brought to ``dest``."""
+    held = {}
+    for rel, have in manifest.items():
+        if rel == _PARTS or not (isinstance(have, list) and len(have) >= 3):
+            continue
+        if len(have) >= 4 and isinstance(have[3], int) and not isinstance(have[3], bool):
+            held[rel] = max(have[3], 0)
+        elif len(have) == 3:  # a manifest from before the local size was kept: as it lies at home
+            try:
+                held[rel] = (dest / rel).stat().st_size
+            except (OSError, ValueError):
+                held[rel] = have[0] if isinstance(have[0], int) else 0
+    return held
+
+
 def _fresh(dest: Path, manifest: dict, f: RunFile) -> bool:
     have = manifest.get(f.rel)
     target = dest / f.rel
     want = f.size if f.newest is None else min(f.size, f.newest)
-    return (isinstance(have, list) and have[:2] == [f.size, f.mtime] and target.is_file()
-            and not target.is_symlink() and target.stat().st_size == want)
+    try:
+        return (isinstance(have, list) and have[:2] == [f.size, f.mtime] and target.is_file()
+                and not target.is_symlink() and target.stat().st_size == want)
+    except (OSError, ValueError):  # a name this machine cannot hold is not at home
+        return False
 
 
 def _checked(value, newest: int | None = None) -> tuple[int, float, str, int] | None:
@@ -242,47 +351,81 @@ def _checked(value, newest: int | None = None) -> tuple[int, float, str, int] | 
 
 
 def _fetch(c, path: str, target: Path, size: int, sha: str, manifest: dict, dest: Path, rel: str,
-           mtime: float, start: int = 0) -> bool:
+           mtime: float, start: int = 0, saved=None) -> bool:
     """One download, from byte ``start`` of the instance's file, into a temporary file of this
-    process's own; True once it verified and was renamed."""
+    process's own; True once it verified and was renamed. What fails on the instance's side raises
+    an OrchError; what fails on this machine's (its name, its disk) an OSError."""
+    parts = manifest.setdefault(_PARTS, {})
+    if not isinstance(parts, dict):
+        parts = manifest[_PARTS] = {}
     target.parent.mkdir(parents=True, exist_ok=True)
     destination(dest, rel)  # the folder just made must not have become a link meanwhile
     h = hashlib.sha256()
-    part, offset = _resume(dest, manifest, rel, size, mtime, sha, h)
+    part, offset = _resume(dest, parts, rel, size, mtime, sha, h)
     if part is None:
-        part = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+        # A short name of its own (never the file's name and more: that could pass 255 bytes).
+        part = target.with_name(f".orch-pull-{os.getpid()}-{secrets.token_hex(4)}.part")
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        manifest[rel + ".part"] = [size, mtime, sha, part.name]
-        _save(dest, manifest)
+        if size - start >= RESUMABLE:  # worth resuming after a break: recorded at once
+            parts[rel] = [size, mtime, sha, part.name]
+            _save(dest, manifest)
     else:
         fd = os.open(part, os.O_WRONLY | os.O_APPEND)
     try:
-        with c.sftp().open(path, "rb") as src, os.fdopen(fd, "ab") as out:
-            src.seek(start + offset)
-            left = size - start - offset
-            src.prefetch(max(left, 0))
-            while left > 0:
-                chunk = src.read(min(1 << 20, left))
-                if not chunk:
-                    break
-                out.write(chunk)
-                h.update(chunk)
-                left -= len(chunk)
-            extra = src.read(1)  # more than its stat said: it grew (or lies)
-    except OSError as e:
-        raise OrchError(f"pulling {rel} failed: {e}") from None
-    if left or extra or h.hexdigest() != sha:
+        with os.fdopen(fd, "ab") as out:
+            left, extra = _copy(c, path, rel, start + offset, size - start - offset, out, h)
+        if left or extra or h.hexdigest() != sha:
+            part.unlink(missing_ok=True)
+            if parts.pop(rel, None) is not None:
+                _save(dest, manifest)
+            return False
+        os.replace(part, target)
+    except OSError:
         part.unlink(missing_ok=True)
-        manifest.pop(rel + ".part", None)
-        _save(dest, manifest)
-        return False
-    os.replace(part, target)
+        parts.pop(rel, None)
+        raise
+    except OrchError:
+        if rel not in parts:  # not recorded to be resumed: nothing would ever take it up again
+            part.unlink(missing_ok=True)
+        raise
+    if parts.pop(rel, None) is not None and saved is not None:
+        saved.changed()
     return True
 
 
-def _resume(dest, manifest, rel, size, mtime, sha, h) -> tuple[Path | None, int]:
+def _copy(c, path: str, rel: str, at: int, left: int, out, h) -> tuple[int, bytes]:
+    """``left`` bytes of the instance's ``path`` from ``at`` into ``out``; (what was missing, what
+    came past the end). The instance's errors are OrchErrors; ``out``'s are this machine's OSErrors."""
+    def theirs(call, *args):
+        try:
+            return call(*args)
+        except OSError as e:
+            raise OrchError(f"pulling {rel[:120]} failed: {e}") from None
+
+    src = theirs(lambda: c.sftp().open(path, "rb"))
+    try:
+        theirs(src.seek, at)
+        if left > 1 << 20:  # read ahead in the background; a small file is one request anyway
+            theirs(src.prefetch, left)
+        while left > 0:
+            chunk = theirs(src.read, min(1 << 20, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            h.update(chunk)
+            left -= len(chunk)
+        extra = theirs(src.read, 1)  # more than its stat said: it grew (or lies)
+    finally:
+        try:
+            src.close()
+        except OSError:
+            pass
+    return left, extra
+
+
+def _resume(dest, parts, rel, size, mtime, sha, h) -> tuple[Path | None, int]:
     """A partial copy of this very file (same size, mtime and checksum on the instance), hashed so far."""
-    entry = manifest.get(rel + ".part")
+    entry = parts.get(rel)
     if not (isinstance(entry, list) and len(entry) == 4 and entry[:3] == [size, mtime, sha]):
         return None, 0
     part = (dest / rel).with_name(str(entry[3]))
@@ -299,10 +442,17 @@ def _load(dest: Path) -> dict:
         data = json.loads((dest / MANIFEST).read_text())
     except (OSError, ValueError, RecursionError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    # A partial copy recorded beside the files (before the manifest had a place of its own for them).
+    return {k: v for k, v in data.items() if not (isinstance(v, list) and len(v) == 4 and isinstance(v[3], str))}
 
 
 def _save(dest: Path, manifest: dict) -> None:
     tmp = dest / f".{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}"
-    tmp.write_text(json.dumps(manifest))
-    os.replace(tmp, dest / MANIFEST)
+    try:
+        tmp.write_text(json.dumps(manifest))
+        os.replace(tmp, dest / MANIFEST)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OrchError(f"cannot record the pull in {dest / MANIFEST}: {e}") from None

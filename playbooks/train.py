@@ -33,24 +33,49 @@ def stage_tar(c, local_tar: Path, name: str, log=print, limits: tuple[int, int] 
     """Upload a packed dataset over SFTP (resuming a partial upload) and extract it; returns data.yaml."""
     work = host.workdir(c)
     dest = f"{work}/data/{name}.tar"
+    _upload(c, local_tar, dest, log)
+    args = [dest, f"{work}/data"] + [str(n) for n in (limits or ())]
+    return host.script(c, "extract.py", *args)["data_yaml"]
+
+
+def _upload(c, local_tar: Path, dest: str, log, fresh: bool = False) -> bool:
+    """``local_tar`` to ``dest`` over SFTP, resuming a partial upload (``fresh``: from the start);
+    whether anything was sent."""
     size = local_tar.stat().st_size
     sftp = c.sftp()
     try:
-        have = sftp.stat(dest).st_size
+        have = 0 if fresh else sftp.stat(dest).st_size
     except OSError:
         have = 0
-    if have != size:
-        log(f"uploading {size / 1e6:.1f} MB of data" + (f" (resuming at {have / 1e6:.1f} MB)" if 0 < have < size else ""))
-        with open(local_tar, "rb") as src, sftp.open(dest, "ab" if 0 < have < size else "wb") as out:
-            if 0 < have < size:
-                src.seek(have)
-            else:
-                have = 0
-            out.set_pipelined(True)
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-    args = [dest, f"{work}/data"] + [str(n) for n in (limits or ())]
-    return host.script(c, "extract.py", *args)["data_yaml"]
+    if have == size:
+        return False
+    log(f"uploading {size / 1e6:.1f} MB of data" + (f" (resuming at {have / 1e6:.1f} MB)" if 0 < have < size else ""))
+    with open(local_tar, "rb") as src, sftp.open(dest, "ab" if 0 < have < size else "wb") as out:
+        if 0 < have < size:
+            src.seek(have)
+        out.set_pipelined(True)
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+    return True
+
+
+@task
+def stage_on_volume(c, local_tar: Path, name: str, data_dir: str, digest: str, log=print,
+                    limits: tuple[int, int] | None = None) -> tuple[str, str]:
+    """A packed dataset staged on a volume once and reused while unchanged: its tar ``NAME.tar``
+    (NAME from its content's digest) kept beside what it unpacked to (``NAME/``) and a manifest of
+    every file's SHA-256 (``on_instance/staged.py``). A later job uploads nothing when the tar's
+    checksum matches, and unpacks nothing when every file's does. Returns (data.yaml, what was
+    done: "reused", "unpacked" or "uploaded")."""
+    tar, dest = f"{data_dir}/{name}.tar", f"{data_dir}/{name}"
+    found = host.script(c, "staged.py", "check", tar, dest, digest)
+    if isinstance(found.get("data_yaml"), str):
+        return found["data_yaml"], "reused"
+    remote.run(c, f"mkdir -p {shlex.quote(data_dir)} && rm -rf {shlex.quote(dest)}")
+    sent = False if found.get("tar_ok") else _upload(c, local_tar, tar, log, fresh=True)
+    data_yaml = host.script(c, "extract.py", tar, dest, *[str(n) for n in (limits or ())])["data_yaml"]
+    host.script(c, "staged.py", "mark", tar, dest, digest, data_yaml)
+    return data_yaml, "uploaded" if sent else "unpacked"
 
 
 @task

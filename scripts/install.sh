@@ -5,15 +5,19 @@
 #   scripts/install.sh --test   also every provider SDK, the test tools and PostgreSQL
 # Idempotent: a second run only checks. Sourced (`. scripts/install.sh`), it only defines its steps.
 #
-# Which torch: the CUDA build where an NVIDIA driver is; elsewhere the CPU build where one can be
-# had, with a torchvision whose operators load beside it (LibreYOLO needs torchvision.ops): on
-# aarch64 PyPI's wheels are CPU builds (about 0.7 GB); on x86_64 PyPI has no CPU torchvision (its
-# wheels link libtorch_cuda: 'operator torchvision::nms does not exist' beside a CPU torch), so the
-# CPU pair comes only from an index that has it: ORCH_TORCH_INDEX=<a PyTorch CPU wheel index>
-# (about 1 GB). Without one, x86_64 gets the CUDA build (about 5.5 GB), which runs on the CPU too.
-# The choice is said, and the venv's size.
+# Which torch: the CUDA build where an NVIDIA driver is. Elsewhere the CPU build, with a torchvision
+# whose operators load beside it (LibreYOLO needs torchvision.ops), from PyTorch's CPU wheel index
+# when it answers within PROBE_S (a 1.6 GB .venv, torch 0.75 GB of it), or from ORCH_TORCH_INDEX
+# when that is set (taken as it is, never probed). When the index cannot be reached, PyPI: on
+# aarch64 its wheels are CPU builds (about 0.7 GB); on x86_64 PyPI has no CPU torchvision (its
+# wheels link libtorch_cuda: 'operator torchvision::nms does not exist' beside a CPU torch), so
+# there it is the CUDA build (a 6.0 GB .venv), which runs on the CPU too. The choice is said, and
+# why, and the venv's size.
 
 CUDA_PAIR="torch==2.14.1 torchvision==0.29.1"  # the pair LibreYOLO 1.6 imports with (2.13's torchvision fails)
+# PyTorch's own CPU wheel index, as pytorch.org's "Start Locally" gives it (pip, Linux, CPU).
+PYTORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+PROBE_S=10  # how long that index may take to answer before PyPI is taken: the fallback comes well within 30 s
 
 sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 has_candidate() { apt-cache policy "$1" 2>/dev/null | grep 'Candidate: [0-9]' >/dev/null; }  # not -q: no SIGPIPE under pipefail
@@ -30,6 +34,9 @@ cpu_pair() {
   esac
 }
 
+# PyPI's own wheels are CPU builds on aarch64 only: on x86_64 its torchvision links libtorch_cuda.
+cpu_pair_on_pypi() { case "$(uname -m)" in aarch64|arm64) true ;; *) false ;; esac; }
+
 # "cpu" or "cuda", then why: the build to try first.
 torch_plan() {
   if nvidia_driver; then echo "cuda an NVIDIA driver is here"; else echo "cpu no NVIDIA driver here"; fi
@@ -41,26 +48,81 @@ torch_works() {
     >/dev/null 2>&1
 }
 
-install_torch() {  # $1: the venv's python
-  local python=$1 plan kind why log
-  plan=$(torch_plan); kind=${plan%% *}; why=${plan#* }
-  local pip="$python -m pip --disable-pip-version-check -q"
-  if [ "$kind" = cpu ]; then
-    log=$(mktemp)
-    # shellcheck disable=SC2046  # the pair is two words on purpose
-    if $pip install $(cpu_pair) ${ORCH_TORCH_INDEX:+--extra-index-url "$ORCH_TORCH_INDEX"} >"$log" 2>&1 \
-        && torch_works "$python"; then
-      rm -f "$log"
-      echo "torch: the CPU build ($(cpu_pair)): $why"
-      return
-    fi
-    echo "torch: the CPU build ($(cpu_pair)) could not be had here: $(grep -m1 '^ERROR' "$log" || echo "its operators do not load")"
-    echo "       PyPI has no CPU torchvision for $(uname -m); ORCH_TORCH_INDEX=<a PyTorch CPU wheel index> gives one"
-    rm -f "$log"
+pip_() {  # $1: the venv's python, then pip's arguments
+  local python=$1
+  shift
+  "$python" -m pip --disable-pip-version-check -q "$@"
+}
+
+# Whether a wheel index serves torch: silent and true, or false with why not on stdout (refused,
+# no such host, no answer in PROBE_S: a DNS lookup that hangs is bounded too, by the thread's join).
+index_answers() {  # $1: a python, $2: the index's URL
+  "$1" - "$2" "$PROBE_S" <<'PY'
+import sys, threading, urllib.error, urllib.request
+url, limit = sys.argv[1].rstrip("/") + "/torch/", float(sys.argv[2])
+why = []
+def ask():
+    try:
+        urllib.request.urlopen(url, timeout=limit).close()
+        why.append("")
+    except urllib.error.HTTPError as e:
+        why.append(str(e))
+    except urllib.error.URLError as e:
+        why.append(str(e.reason))
+    except Exception as e:
+        why.append(str(e) or type(e).__name__)
+asker = threading.Thread(target=ask, daemon=True)
+asker.start()
+asker.join(limit)
+reason = why[0] if why else None
+if reason == "":
+    sys.exit(0)
+print(f"no answer in {limit:g} s" if reason is None or "timed out" in reason else reason)
+sys.exit(1)
+PY
+}
+
+# The index to take the CPU pair from ("pypi" for PyPI itself), then why.
+torch_source() {  # $1: a python
+  local why
+  if [ -n "${ORCH_TORCH_INDEX:-}" ]; then
+    echo "$ORCH_TORCH_INDEX ORCH_TORCH_INDEX is set"
+  elif why=$(index_answers "$1" "$PYTORCH_CPU_INDEX"); then
+    echo "$PYTORCH_CPU_INDEX PyTorch's CPU wheel index answers"
+  else
+    echo "pypi PyTorch's CPU wheel index ($PYTORCH_CPU_INDEX) cannot be reached: $why"
   fi
+}
+
+install_torch() {  # $1: the venv's python
+  local python=$1 plan kind why origin index log also=""
+  plan=$(torch_plan); kind=${plan%% *}; why=${plan#* }
+  if [ "$kind" = cpu ]; then
+    also=", which runs on the CPU too"
+    origin=$(torch_source "$python"); index=${origin%% *}
+    if [ "$index" != pypi ]; then
+      echo "torch: $why: the CPU build ($(cpu_pair)) from $index (${origin#* })"
+      log=$(mktemp)
+      # shellcheck disable=SC2046  # the pair is two words on purpose
+      if pip_ "$python" install $(cpu_pair) --extra-index-url "$index" >"$log" 2>&1 && torch_works "$python"; then
+        rm -f "$log"
+        return
+      fi
+      why="the CPU build could not be had from $index: $(grep -m1 '^ERROR' "$log" || echo "its operators do not load")"
+      rm -f "$log"
+    elif cpu_pair_on_pypi; then
+      echo "torch: $why: the CPU build ($(cpu_pair)) from PyPI (${origin#* })"
+      # shellcheck disable=SC2046
+      pip_ "$python" install $(cpu_pair)
+      return
+    else
+      why="${origin#* }, and PyPI has no CPU torchvision for $(uname -m)"
+      why+=" (ORCH_TORCH_INDEX=<a PyTorch CPU wheel index> gives one)"
+    fi
+  fi
+  echo "torch: the CUDA build ($CUDA_PAIR) from PyPI$also: $why"
   # shellcheck disable=SC2086
-  $pip install $CUDA_PAIR
-  echo "torch: the CUDA build ($CUDA_PAIR), which runs on the CPU too: $why"
+  pip_ "$python" install $CUDA_PAIR
 }
 
 # orch itself, editable. setuptools tells every editable install to beware of folders named like

@@ -60,6 +60,9 @@ def orch_home(tmp_path, monkeypatch):
     for var in ("RUNPOD_API_BASE_URL", "VAST_URL", "HF_ENDPOINT", "LAMBDA_API_BASE_URL", "AWS_ENDPOINT_URL"):
         monkeypatch.setenv(var, NOWHERE)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 would ask 169.254.169.254 for credentials
+    # A test drives its jobs with the looks it makes (`orch reap`, `orch jobs show`): no detached
+    # watcher (``orchestrator.watcher``) races them, nor outlives the test. tests/test_watcher.py turns it on.
+    monkeypatch.setenv("ORCH_WATCHER", "off")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # never the developer's ~/.runpod or ~/.ssh
     (tmp_path / "user").mkdir()
     yield home

@@ -28,16 +28,24 @@ with its reason, by wrapping moto's own classes for the life of the harness (and
   state reason ``Server.SpotInstanceTermination`` / ``Server.SpotInstanceShutdown`` (EC2 API StateReason).
 - **Keys.** EC2 puts the launch key pair's public key in the default user's authorized_keys
   (the DLAMI's ``ubuntu``); these hosts have only root, so root gets it.
-- **Placement groups.** moto has none. EC2's CreatePlacementGroup / DeletePlacementGroup (EC2 API
-  reference) are answered from ``placement_groups``: a name taken answers
+- **Placement groups.** moto has none. EC2's CreatePlacementGroup / DescribePlacementGroups /
+  DeletePlacementGroup (EC2 API reference) are answered from ``placement_groups`` (and their tags,
+  from CreatePlacementGroup's TagSpecifications, in ``placement_group_tags``): a name taken answers
   ``InvalidPlacementGroup.Duplicate``, an unknown one ``InvalidPlacementGroup.Unknown``, as does a
   launch into one (RunInstances' ``Placement.GroupName``).
+- **A security group in use.** moto deletes one that instances still hold. EC2 refuses: "If you
+  attempt to delete a security group that is associated with an instance ... the operation fails
+  with DependencyViolation" (EC2 API DeleteSecurityGroup).
 - **Capacity and quotas.** moto always has capacity and no quotas. EC2 refuses a launch in a zone
   that has none with ``InsufficientInstanceCapacity`` ("We currently do not have sufficient ...
   capacity in the Availability Zone you requested", EC2 API "Error codes"), and one past the
   account's vCPU quota with ``VcpuLimitExceeded`` / ``MaxSpotInstanceCountExceeded`` (same page):
-  ``no_capacity`` (a set of zones) and ``quota`` (an error code) make it do so, creating nothing.
-  ``capacity[type]`` is how many more launches of a type succeed anywhere (then the same refusal).
+  ``no_capacity`` (a set of zones; a launch that names none lands in the region's "a" zone, as
+  moto places it) and ``quota`` (an error code) make it do so, creating nothing.
+  ``capacity[type]`` is how many more instances of a type can be launched anywhere: a launch of
+  ``MinCount`` more than that is refused whole ("If you specify a value that is more capacity than
+  Amazon EC2 can provide in the target Availability Zone, Amazon EC2 does not launch any
+  instances", botocore's EC2 model, RunInstances MinCount).
 - **The DLAMI.** moto's AMI catalogue has no Deep Learning AMI: ``add_dlami`` registers one owned by
   Amazon (alias ``amazon``), as AWS's are.
 
@@ -87,6 +95,8 @@ class MotoEC2:
         self.no_capacity: set[str] = set()  # zones where a launch is refused for capacity
         self.quota: str | None = None  # an EC2 quota error code every launch is refused with
         self.placement_groups: dict[str, str] = {}  # name -> strategy
+        self.placement_group_tags: dict[str, dict[str, str]] = {}  # name -> its tags
+        self.placement_group_regions: dict[str, str] = {}  # name -> its region (a name is one region's)
         self.capacity: dict[str, int] = {}  # instance type -> launches of it that still succeed
         self._used: set[str] = set()
         self._undo: list[tuple[Any, str, Any]] = []
@@ -239,7 +249,10 @@ class MotoEC2:
         run_instances = InstanceBackend.run_instances
 
         def run(backend, image_id, count, user_data, security_group_names, **kwargs):
-            itype, zone = kwargs.get("instance_type") or "m1.small", kwargs.get("placement")
+            # A launch that names no zone goes where EC2 picks (moto: the region's "a" zone), and is
+            # refused there like any other when that zone is out of capacity.
+            itype = kwargs.get("instance_type") or "m1.small"
+            zone = kwargs.get("placement") or f"{backend.region_name}a"
             if harness.quota == "VcpuLimitExceeded":
                 raise EC2ClientError("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU "
                                      "limit of 0 allows for the instance bucket that the specified instance type "
@@ -336,24 +349,67 @@ class MotoEC2:
             from moto.core.responses import ActionResult
 
             name, strategy = response_self._get_param("GroupName"), response_self._get_param("Strategy")
+            tags = response_self._parse_tag_specification().get("placement-group", {})
             with harness._lock:
                 if name in harness.placement_groups:
                     raise EC2ClientError("InvalidPlacementGroup.Duplicate",
                                          f"The Placement Group '{name}' already exists.")
                 harness.placement_groups[name] = strategy
-            return ActionResult({"PlacementGroup": {"GroupName": name, "Strategy": strategy, "State": "available"}})
+                harness.placement_group_tags[name] = dict(tags)
+                harness.placement_group_regions[name] = response_self.region
+            return ActionResult({"PlacementGroup": {"GroupName": name, "Strategy": strategy, "State": "available",
+                                                    "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}})
+
+        def describe_placement_groups(response_self):
+            from moto.core.responses import ActionResult
+
+            filters = response_self._filters_from_querystring()
+            names = response_self._get_param("GroupNames", []) or []
+            found = []
+            with harness._lock:
+                for name, strategy in harness.placement_groups.items():
+                    tags = harness.placement_group_tags.get(name, {})
+                    if harness.placement_group_regions.get(name) != response_self.region:
+                        continue
+                    if names and name not in names:
+                        continue
+                    if "tag-key" in filters and not set(filters["tag-key"]) & set(tags):
+                        continue
+                    if "group-name" in filters and name not in filters["group-name"]:
+                        continue
+                    found.append({"GroupName": name, "Strategy": strategy, "State": "available",
+                                  "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]})
+            return ActionResult({"PlacementGroups": found})
 
         def delete_placement_group(response_self):
             from moto.core.responses import ActionResult
 
             name = response_self._get_param("GroupName")
             with harness._lock:
-                if harness.placement_groups.pop(name, None) is None:
+                if harness.placement_group_regions.get(name, response_self.region) != response_self.region or \
+                        harness.placement_groups.pop(name, None) is None:
                     raise EC2ClientError("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+                harness.placement_group_tags.pop(name, None)
+                harness.placement_group_regions.pop(name, None)
             return ActionResult({})
 
         self._set(EC2Response, "create_placement_group", create_placement_group)
+        self._set(EC2Response, "describe_placement_groups", describe_placement_groups)
         self._set(EC2Response, "delete_placement_group", delete_placement_group)
+
+        from moto.ec2.models.security_groups import SecurityGroupBackend
+
+        delete_security_group = SecurityGroupBackend.delete_security_group
+
+        def delete_group(backend, name=None, group_id=None):
+            for inst in backend.all_instances():
+                if inst.state != "terminated" and any(group_id in (g.id, g.name) or name == g.name
+                                                      for g in inst.security_groups):
+                    raise EC2ClientError("DependencyViolation",
+                                         f"resource {group_id or name} has a dependent object")
+            return delete_security_group(backend, name=name, group_id=group_id)
+
+        self._set(SecurityGroupBackend, "delete_security_group", delete_group)
 
     def _address(self) -> str:
         with self._lock:

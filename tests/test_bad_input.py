@@ -246,3 +246,48 @@ def test_a_real_orch_process_refuses_the_same_way(orch_home, args):
     proc = run_orch(*args)
     refused(proc.returncode, proc.stderr)
     nothing_created(orch_home)
+
+
+# -- inputs that were accepted and could not work (issue 42) ----------------------------------------------
+TASK = "name: t\nresources: {cpu: true}\nrun: echo hi\n"
+ACCEPTED_BEFORE = {
+    # name: (task file text or None, the arguments after `orch`, what the one line says)
+    "env value with a NUL": (TASK + 'env: {A: "x\\0y"}\n', ["run", "-f", "{task}"], "holds a NUL"),
+    "--env value with a NUL": (None, ["run", "x", "--cpu", "--env", "A=x\0y", "--", "true"], "holds a NUL"),
+    "--max-cost nan": (None, ["run", "x", "--cpu", "--max-cost", "nan", "--", "true"], "--max-cost"),
+    "--retries -1": (None, ["run", "x", "--cpu", "--retries", "-1", "--", "true"], "--retries"),
+    "--max-hours inf": (None, ["run", "x", "--cpu", "--max-hours", "inf", "--", "true"], "--max-hours"),
+    "a file's run and a command after --": (TASK, ["run", "-f", "{task}", "--", "echo"], "not both"),
+    "a command after -- is no name": (None, ["run", "--cpu", "--", "echo", "hi"], "needs a name"),
+    "--cpu --spot": (None, ["run", "x", "--cpu", "--spot", "--", "true"], "spot"),
+    "cpu and spot in a file": ("name: t\nresources: {cpu: true, spot: true}\nrun: echo hi\n", ["run", "-f", "{task}"],
+                               "spot"),
+    "5,000 nested [ in env": (TASK + "env: {A: " + "[" * 5000 + "]" * 5000 + "}\n", ["run", "-f", "{task}"],
+                              "nested deeper"),
+    "workdir of a user with no home": (TASK + "workdir: ~nouser-orch-test/x\n", ["run", "-f", "{task}"], "workdir"),
+    "a NUL in a file's workdir": (TASK + 'workdir: "a\\0b"\n', ["run", "-f", "{task}"], "workdir"),
+    "a NUL in --workdir": (None, ["run", "x", "--cpu", "--workdir", "a\0b", "--", "true"], "workdir"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ACCEPTED_BEFORE))
+def test_what_cannot_work_is_refused_before_anything_is_made(orch_home, monkeypatch, capsys, tmp_path, case):
+    """Each of these was accepted (a job row, attempts that crashed, an internal error, a job named
+    `echo`): one line, exit 2, and nothing made, not even the ledger."""
+    text, args, needle = ACCEPTED_BEFORE[case]
+    task = tmp_path / "t.yaml"
+    if text is not None:
+        task.write_text(text)
+    code, _, err = orch(monkeypatch, capsys, *[a.replace("{task}", str(task)) for a in args])
+    refused(code, err, needle)
+    assert not (orch_home / "ledger.db").exists(), "the ledger was created"
+    nothing_created(orch_home)
+
+
+@pytest.mark.parametrize("args", [["status", "a\n"], ["status", "../x"], ["cost", "a\n"], ["protect", "A"],
+                                  ["unprotect", "../x"], ["jobs", "show", "../../victim"], ["jobs", "cancel", "A"],
+                                  ["jobs", "logs", "a\n"]])
+def test_an_invalid_name_is_refused_before_the_ledger_is_opened(orch_home, monkeypatch, capsys, args):
+    code, _, err = orch(monkeypatch, capsys, *args)
+    refused(code, err, "invalid name")
+    assert not (orch_home / "ledger.db").exists(), "the ledger was created"

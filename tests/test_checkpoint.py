@@ -155,10 +155,12 @@ def test_the_legacy_format_is_never_loaded(tmp_path):
 
 
 def _zip(path, data, name="last/data.pkl", **kw):
+    """A zip of one pickle and the version record torch's reader requires, written by Python's zipfile."""
     import zipfile
 
     with zipfile.ZipFile(path, "w", **kw) as z:
         z.writestr(name, data)
+        z.writestr("last/version", "3\n")
     return path
 
 
@@ -206,8 +208,18 @@ def test_the_archive_is_torch_s_shape_or_refused(tmp_path):
         __import__("warnings").simplefilter("ignore")  # zipfile warns of the duplicate name, and writes it
         z.writestr("last/data.pkl", plain)
         z.writestr("last/data.pkl", pickle.dumps({"epoch": 0, "x": _Boom(tmp_path / "ran")}, protocol=2))
+        z.writestr("last/version", "3\n")
     got = checkpoint.check(str(twice))
-    assert not got["loads"] and "twice" in got["error"], got
+    assert not got["loads"] and "named alike" in got["error"], got
+    # torch's reader needs a version record, and reads nothing outside the first record's folder.
+    unversioned = tmp_path / "d.pt"
+    with zipfile.ZipFile(unversioned, "w") as z:
+        z.writestr("last/data.pkl", plain)
+    assert "version" in checkpoint.check(str(unversioned))["error"]
+    elsewhere = _zip(tmp_path / "e.pt", plain)
+    with zipfile.ZipFile(elsewhere, "a") as z:
+        z.writestr("other/data.pkl", plain)
+    assert "not one torch writes" in checkpoint.check(str(elsewhere))["error"]
 
 
 @pytest.mark.training

@@ -240,3 +240,45 @@ def test_gpus_a_platform_does_not_offer_are_refused(platform, asked, gpus):
 
     with pytest.raises(UsageError):
         export.gpu_name(platform, asked, gpus)
+
+
+# -- what the user types never becomes code (issue 42, item 6) ----------------------------------------------
+@needs_sdk["modal"]
+def test_a_file_name_made_of_code_is_written_as_text_and_runs_nothing(tmp_path):
+    """`-o 'x\"\"\"; CODE; \"\"\".py'` closed the module docstring: CODE ran in orch's own offline check
+    and again on `modal run`. The name is shown in the docstring, escaped, and nothing runs."""
+    import ast
+
+    mark = tmp_path / "ran"
+    code = f'open(chr(47) + chr(47).join({json.dumps(list(mark.parts[1:]))}), "w")'
+    name = f'x"""; {code}; """.py'
+    out = tmp_path / name
+    proc = run_orch("export", "modal", "birds", *JOB, "--gpu", "T4", "--max-hours", "1", "-o", out)
+    assert proc.returncode == 0 and "checked offline with modal's SDK" in proc.stderr, proc.stderr
+    assert not mark.exists(), "the file name ran as code during orch's own check"
+    load("modal", out, tmp_path)  # what `modal run` does first: import the file
+    assert not mark.exists(), "the file name ran as code when the file was imported"
+    doc = ast.get_docstring(ast.parse(out.read_text()))
+    assert f"modal run 'x\"\"\"; {code}; \"\"\".py'" in doc, doc[:400]
+
+
+@pytest.mark.parametrize("name", ["a\\Nb.py", "a\\x4.py", "a\\u12.py", "tab\there.py"])
+def test_a_backslash_or_a_control_character_in_the_file_name_is_no_internal_error(tmp_path, name):
+    import ast
+
+    out = tmp_path / name
+    proc = run_orch("export", "beam", "birds", *JOB, "--gpu", "T4", "--max-hours", "1", "-o", out)
+    assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr
+    shown = name.replace("\t", "\\t")
+    assert shown in ast.get_docstring(ast.parse(out.read_text()))
+
+
+@pytest.mark.parametrize("value", ["1e999", "-1e999", "nan", "inf", "Infinity", "1" * 5000])
+def test_a_train_arg_that_is_no_finite_number_is_refused_and_nothing_written(tmp_path, value):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    proc = run_orch("export", "modal", "birds", *JOB, "--gpu", "T4", "--max-hours", "1", "--train-arg",
+                    f"lr0={value}", "-o", folder / "app.py")
+    assert proc.returncode == 2 and "lr0" in proc.stderr and "finite" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not list(folder.iterdir()), "nothing written"

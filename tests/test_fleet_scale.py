@@ -220,7 +220,8 @@ def test_offers_without_a_job_make_no_ledger(orch_home):
 
 
 # Those that train or probe torch need it where the test runs.
-BENCHES = [pytest.param(p.name, marks=[needs_torch] if p.name in ("reaper_latency.py", "restart_provision.py") else [])
+BENCHES = [pytest.param(p.name, marks=[needs_torch] if p.name in ("reaper_latency.py", "restart_provision.py",
+                                                                  "volume_second_run.py") else [])
            for p in sorted((ROOT / "bench").glob("*.py"))]
 
 

@@ -71,10 +71,11 @@ def test_a_local_group_comes_up_together_is_shown_as_one_and_goes_down_as_one(or
     assert [n["node_rank"] for n in group["nodes"]] == [0, 1] and {n["group_size"] for n in group["nodes"]} == {2}
     ips = [n["private_ip"] for n in group["nodes"]]
     assert len(set(ips)) == 2 and all(ip.startswith("127.") for ip in ips), "each node its own loopback address"
-    # In parallel: both nodes were renting before either was ready.
+    # Rented in one go, then brought up in parallel: both nodes waited for SSH before either was ready.
     lines = up.stderr.splitlines()
     first_ready = min(i for i, line in enumerate(lines) if "[4/4]" in line)
-    assert sum("[1/4] renting" in line for line in lines[:first_ready]) == 2, up.stderr
+    assert sum("[1/4] renting 2 nodes" in line for line in lines) == 1, up.stderr
+    assert sum("[2/4] waiting for SSH" in line for line in lines[:first_ready]) == 2, up.stderr
     assert took < 600
 
     fleet = run_orch("status", check=0).stdout
@@ -138,6 +139,82 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
         assert not any((orch_home / "local").iterdir())
     finally:
         plugins.manager().unregister(plugin)
+
+
+def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(orch_home):
+    """Node 1's machine will never answer (its provider says so); node 0's SSH is slow to come (20
+    minutes of wait allowed). Node 0 is not waited for: its bring-up is called off and it is destroyed
+    within seconds, not after its own wait."""
+    from orchestrator import groups, plugins, states
+    from orchestrator.errors import OrchError
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request, Status
+    from providers.local import LocalProvider
+
+    class Broken(LocalProvider):
+        name = "broken"
+
+        def get(self, provider_id):
+            remote = super().get(provider_id)
+            if remote.status == Status.RUNNING and provider_id.endswith(tuple("0123456789")) and \
+                    self._node(provider_id) == 0:
+                from dataclasses import replace
+
+                return replace(remote, status=Status.PENDING, detail="booting (slowly)")
+            return remote
+
+        def never_answers(self, remote, waited):
+            return "its container will never start" if self._node(remote.provider_id) == 1 else None
+
+        def _node(self, provider_id):
+            meta = self._meta(provider_id) or {}
+            return meta.get("rank")
+
+        def create(self, request, label, public_key):
+            made = super().create(request, label, public_key)
+            meta = self._meta(made.provider_id)
+            meta["rank"] = request.node_rank
+            self._save(made.provider_id, meta)
+            return made
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(Broken)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        orch = Orch.open(say=lambda m: None)
+        t0 = time.monotonic()
+        with pytest.raises(OrchError) as err:
+            groups.up(orch, "slow", "broken", Request(name="slow", cpu=True), 2, ssh_timeout=1200)
+        took = time.monotonic() - t0
+        assert "node 1 of 2" in str(err.value) and "will never start" in str(err.value)
+        assert took < 60, f"node 0's 20-minute wait was called off, not sat out ({took:.0f} s)"
+        rows = {i.name: i for i in orch.ledger.instances()}
+        assert {rows["slow-0"].state, rows["slow-1"].state} == {states.DESTROYED}
+        assert not any((orch_home / "local").iterdir())
+    finally:
+        plugins.manager().unregister(plugin)
+
+
+def test_a_local_gpu_group_gives_each_node_its_own_share_of_the_gpus(orch_home, monkeypatch):
+    """NCCL refuses one GPU seen by two ranks ("Duplicate GPU detected"): node R of a local group
+    sees GPUs R*g .. R*g+g-1 only, and nodes x GPUs beyond the machine is refused before anything."""
+    from orchestrator.errors import UsageError
+    from orchestrator.provider import Request
+    from providers.local import LocalProvider
+
+    monkeypatch.setattr(LocalProvider, "gpus", property(lambda self: ["RTX 4090"] * 4))
+    local = LocalProvider({}, orch_home)
+    seen = [local._instance_env(Request(name=f"g-{r}", gpus=2, group="abc", node_rank=r, nodes=2))
+            ["CUDA_VISIBLE_DEVICES"] for r in range(2)]
+    assert seen == ["0,1", "2,3"]
+    local.validate(Request(name="g", gpus=2, nodes=2))
+    with pytest.raises(UsageError, match="3 nodes x 2"):
+        local.validate(Request(name="g", gpus=2, nodes=3))
 
 
 def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # noqa: F811

@@ -257,18 +257,43 @@ def test_reap_destroys_an_idle_instance_it_cannot_stop(lam, monkeypatch):
     assert fake.live() == []
 
 
-def test_a_preempted_instance_is_terminated_too_and_costs_nothing_from_then_on(lam):
-    """Lambda took it back ("preempted"): orch reads it as gone and sends the terminate anyway, in
-    case Lambda kept it; the row ends destroyed (preempted on the way), so nothing is billed after."""
+def test_a_preempted_instance_is_not_gone_until_lambda_says_terminated(lam, monkeypatch):
+    """Lambda took it back ("preempted"): it will not run again, but it is listed and may bill until
+    Lambda says terminated. orch records it broken (not ended), the reaper destroys it, and the row
+    ends destroyed only once the terminate is confirmed."""
+    from orchestrator import reaper
+
     fake, _ = lam
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")
     orch = open_orch()
     taken = arrange_gpu(orch, "taken")
     fake.preempt(taken.provider_id)
-    assert orch.refresh(orch.ledger.get(taken.id)).state == states.DESTROYED
-    assert legal_path(orch.ledger.events(taken.id))[-3:] == ["preempted", "destroying", "destroyed"]
+    assert orch.refresh(orch.ledger.get(taken.id)).state == states.BROKEN, "not gone before Lambda says so"
+    assert "preempted" in orch.ledger.events(taken.id)[-1].reason
+    assert [r.provider_id for r in orch.provider("lambda").list()] == [taken.provider_id], "still listed"
+    assert fake.calls("POST", r"^/instance-operations/terminate$") == []
+    out = {o.name: o for o in reaper.reap(open_orch())}["taken"]
+    assert out.state == states.DESTROYED and out.action == "destroy", out
+    assert legal_path(orch.ledger.events(taken.id))[-3:] == ["broken", "destroying", "destroyed"]
     [end] = fake.calls("POST", r"^/instance-operations/terminate$")
     assert end.body == {"instance_ids": [taken.provider_id]} and end.status == 200
-    assert fake.instances[taken.provider_id]["status"] in ("terminating", "terminated")
+    assert fake.instances[taken.provider_id]["status"] == "terminated", "confirmed gone before the row ended"
+
+
+def test_the_accounts_quota_is_named_and_not_taken_for_no_capacity(lam):
+    fake, env = lam
+    fake.quota = 0
+    proc = run_orch("up", "q1", "--provider", "lambda", "--gpu", "A10", env=env)
+    error = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and "the account's instance quota is used up (global/quota-exceeded" in error, error
+    assert "Contact Support to increase your quota" in error
+    assert [(c.body["region_name"], c.status) for c in launches(fake)] == [("us-east-1", 400)], "no other region tried"
+    from providers.lambda_cloud.api import QuotaExceeded
+
+    with pytest.raises(QuotaExceeded):
+        open_orch().provider("lambda").create(Request(name="q2", gpu="A10"), label_for("e" * 12, "q2"),
+                                              config.ssh_key()[1])
+    assert fake.instances == {}
 
 
 # -- right after a launch, and an unhealthy instance -------------------------------------------------

@@ -203,3 +203,45 @@ def test_a_duplicate_and_a_resurrected_instance_are_adopted_never_ignored(orch_h
     for inst in live:
         orch.down(inst)
     assert cloud.list() == []
+
+
+def test_an_adopted_pod_that_never_answers_ssh_gets_ups_deadline_then_is_destroyed(orch_home, runpod):
+    """A pod orch's label names, found by reconcile, whose container never starts (runtime null for
+    ever, as on a host whose driver is older than the image's CUDA): adopted, then given the SSH
+    deadline a fresh `orch up` gets (``ssh_timeout_minutes``, here 3 s), then destroyed, the event
+    saying why. One whose container starts late answers in time and is kept."""
+    from tests.clouds import configure, wait_for
+
+    fake, _ = runpod
+    configure(orch_home, ssh_timeout_minutes=0.05)
+    orch = open_orch()
+    cloud = orch.provider("runpod")
+    stuck, late = new_id(), new_id()
+    for iid, name in ((stuck, "stuck"), (late, "late")):
+        made = cloud.create(Request(name=name, cpu=True), label_for(iid, name), config.ssh_key()[1])
+        fake.pods[made.provider_id].stuck = True  # "OCI runtime create failed": RUNNING, no runtime
+
+    assert sorted(reconciled(orch)["runpod"].adopted) == ["late", "stuck"]
+    for iid in (stuck, late):
+        row = orch.ledger.get(iid)
+        assert row.state == states.READY and row.ssh_host is None and "unreached_since" in (row.memory or "")
+    assert reconciled(orch)["runpod"].destroyed == [], "within its deadline it is kept"
+    fake.pods[orch.ledger.get(late).provider_id].stuck = False  # its container starts after all
+    assert reconciled(orch)["runpod"].destroyed == []
+    answered = orch.ledger.get(late)
+    assert answered.ssh_host and "unreached_since" not in (answered.memory or ""), "an ordinary ready instance now"
+    assert "answers SSH" in orch.ledger.events(late)[-1].reason
+
+    def ended() -> bool:  # a reaper pass reconciles first: one pass after another
+        reconciled(orch)
+        return orch.ledger.get(stuck).state == states.DESTROYED
+
+    wait_for(ended, timeout=30, what="the adopted pod's SSH deadline")
+    events = orch.ledger.events(stuck)
+    assert legal_path(events)[-3:] == ["ready", "destroying", "destroyed"]
+    why = events[-1].reason
+    assert "adopted, never reachable" in why and "ssh_timeout_minutes" in why and "container not started" in why, why
+    assert [p.id for p in fake.live()] == [answered.provider_id]
+    assert orch.ledger.get(late).state == states.READY
+    orch.down(orch.ledger.get(late))
+    assert fake.live() == []

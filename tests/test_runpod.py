@@ -190,6 +190,24 @@ def test_a_new_pod_not_visible_to_a_lookup_yet_is_pending_not_gone(provider, fak
     assert fake_runpod.live() == []
 
 
+def test_a_pod_still_unseen_when_its_lookup_window_ends_is_terminated_all_the_same(fake_runpod, key):
+    """The create answered, and the pod's lookups lag past the 60 s window (here 0.3 s): a lookup now
+    calls it gone, yet it exists and bills. The destroy (``orch up`` giving up on it, say) still sends
+    the terminate: nothing is left running."""
+    provider = RunPodProvider(fake_runpod.settings(create_lookup_seconds=0.3))
+    fake_runpod.lookup_lag = 10**6
+    created = provider.create(Request(name="x", gpu="RTX 4090"), _label(), key[1])
+    assert created.status == Status.PENDING
+    deadline = time.monotonic() + 10
+    while provider.get(created.provider_id).status != Status.GONE:  # the window ends
+        assert time.monotonic() < deadline, "the lookup window never ended"
+        time.sleep(0.05)
+    assert [p.id for p in fake_runpod.live()] == [created.provider_id], "it exists all the same"
+    provider.destroy(created.provider_id)
+    assert fake_runpod.inputs("podTerminate") == [{"podId": created.provider_id}]
+    assert fake_runpod.live() == []
+
+
 def test_a_pod_that_never_shows_is_not_created_twice(fake_runpod, key):
     """A 500 after the pod was made, and a listing that lags past the lookup: orch says so and sends no
     second create (RunPod answers the same 500 after making a pod: a retry could make another)."""

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import dataset
 from tests.conftest import needs_torch, run_orch
-from tests.clouds import configure, local_billing, orch_proc
+from tests.clouds import configure, local_billing, open_orch, orch_proc
 from tests.fakes.hosts import command_lines
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
@@ -127,3 +127,95 @@ def test_the_ledger_password_is_never_shown(pg_url, orch_home, monkeypatch):
     assert proc.stderr.startswith("orch: error: cannot open the ledger at ") and "***" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not any(PASSWORD in p.read_text(errors="replace") for p in orch_home.rglob("*") if p.is_file())
+
+
+# -- what a command prints (issue 42) ---------------------------------------------------------------------
+PRINTS = r'''
+echo "401 for token=$MY_TOKEN"
+printf 'b64 %s\n' "$(printf 'x%s' "$MY_TOKEN" | base64 -w0)"
+python -c 'import os, urllib.parse; print("url", urllib.parse.quote(os.environ["MY_TOKEN"], safe=""))'
+set -x
+: "$MY_TOKEN"
+sleep 1
+exit 3
+'''
+
+
+def printed_forms(token: str) -> dict[str, str]:
+    """The token as the command above prints it: as it is, base64 after one byte (the part made of
+    the token's bits alone), base64 on its own, and URL-encoded in either case of hex."""
+    import base64
+    from urllib.parse import quote
+
+    shifted = base64.b64encode(b"x" + token.encode()).decode()
+    return {"value": token, "base64 after a byte": shifted[3:-3], "base64": base64.b64encode(token.encode()).decode(),
+            "URL-encoded": quote(token, safe=""), "url-encoded": quote(token, safe="").lower()}
+
+
+def test_a_secret_a_failing_command_prints_reaches_no_file_ledger_json_console_or_webhook(orch_home):
+    """`echo "401 for token=$MY_TOKEN"` as the failing command: the log's last lines became the job's
+    reason, and the value went into the ledger's reason and history, `jobs show --json`, the console and
+    the webhook (issue 42). Now every form of it is `***` wherever it is stored, shown or posted, in the
+    pulled log too; and a reaper without the value (a schedule runs without the user's environment)
+    keeps no line of the log at all."""
+    from tests.fakes.webhook import Hook
+    from tests.test_notify import write_config
+
+    hook = Hook()
+    write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["job"]\n')
+    token = "tok/" + secrets.token_hex(12) + "+Z="
+    forms = printed_forms(token)
+    env = {"MY_TOKEN": token}
+    quiet = run_orch("run", "unheld", "--cpu", "--secret", "MY_TOKEN", "--", "bash", "-c", PRINTS, env=env, check=0)
+    loud = run_orch("run", "leak", "--cpu", "--secret", "MY_TOKEN", "--wait", "--json", "--", "bash", "-c", PRINTS,
+                    env=env, check=1)
+    outputs = [quiet, loud] + [run_orch(*args, env=env, check=0) for args in (
+        ("jobs", "show", "leak", "--json"), ("jobs", "show", "leak"), ("jobs", "logs", "leak"), ("jobs", "--json"))]
+    job = json.loads(outputs[2].stdout)
+    assert job["state"] == "failed" and job["exit_code"] == 3, job["reason"]
+    assert "401 for token=***" in job["reason"] and "url ***" in job["reason"], job["reason"]
+    pulled = (orch_home / "runs" / "leak" / "train.log").read_text()
+    assert "401 for token=***" in pulled and "url ***" in pulled and "+ : ***" in pulled, pulled
+    assert "401 for token=***" in outputs[4].stdout, "jobs logs shows the pulled log, the token hidden"
+    assert any("401 for token=***" in text for text in hook.texts()), hook.texts()
+
+    # The scheduled reaper holds no MY_TOKEN: the job fails all the same, and no line of its log is kept.
+    for _ in range(60):
+        outputs.append(run_orch("reap", check=0))
+        if open_orch().ledger.job("unheld").state not in ("planned", "running", "recovering"):
+            break
+    unheld = open_orch().ledger.job("unheld")
+    assert unheld.state == "failed" and "run exited 3" in unheld.reason, unheld.reason
+    assert "last lines: (left out: this orch process does not hold MY_TOKEN" in unheld.reason, unheld.reason
+    assert not (orch_home / "runs" / "unheld" / "train.log").exists()
+    assert local_billing(orch_home) == set()
+
+    problems = scan_tree(orch_home, forms)
+    problems += [f"output: {w}" for p in outputs for w in leaks(p.stdout + p.stderr, forms)]
+    problems += [f"webhook: {w}" for p in hook.posts for w in leaks(json.dumps(p), forms)]
+    hook.close()
+    assert problems == [], problems
+
+
+def test_redact_hides_every_form_of_a_value():
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    from orchestrator.jobs.record import tail_lines
+    from orchestrator.text import redact
+
+    token = "s3cr/et+tok=en?&x y"
+    for before in ("", "a", "ab", "abc"):
+        for after in ("", "q", "qq"):
+            for encode in (base64.b64encode, base64.urlsafe_b64encode):
+                shown = encode((before + token + after).encode()).decode()
+                hidden = redact(f"auth {shown} end", [token])
+                assert "***" in hidden and shown[3:-3] not in hidden, (before, after, hidden)
+    for shown in (quote(token, safe=""), quote_plus(token), quote(token), quote(token, safe="").lower()):
+        assert redact(f"GET /?t={shown}", [token]) == "GET /?t=***", shown
+    assert redact(f"{token}{token}", [token, "other"]) == "******"
+    assert redact("nothing here", [token]) == "nothing here" and redact(None, [token]) is None
+    assert redact(token, []) == token
+    unheld = tail_lines(f"a\n{token}\nb", ["ORCH_TEST_ABSENT_SECRET"])
+    assert unheld.startswith("(left out: this orch process does not hold ORCH_TEST_ABSENT_SECRET")
+    assert token not in unheld

@@ -99,8 +99,8 @@ class NoteKind(JobKind):
     def prepare(self, orch, js, disk_given: bool):
         return js
 
-    def launch(self, orch, job, nodes, copy) -> Launched:
-        return Launched(command.launch(orch, nodes[0], self._cmd(), None), None, "started")
+    def launch(self, orch, job, nodes, copy, kept=frozenset()) -> Launched:
+        return Launched(command.launch(orch, nodes, self._cmd(), None), None, "started")
 
     def read(self, orch, inst, run) -> dict:
         return command.read(orch, inst, run)

@@ -409,8 +409,8 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     plans = {
         "libreyolo": run_orch("run", "-f", EXAMPLES / "libreyolo" / "task.yaml", "--data", ds, "--provider", "runpod",
                               "--dry-run", env=env, check=0),
-        "torchrun-2-nodes": run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "runpod",
-                                     "--dry-run", env=env, check=0),
+        "torchrun-2-nodes": run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "local",
+                                     "--cpu", "--dry-run", env=env, check=0),
         "pytorch-checkpoint": run_orch("run", "-f", EXAMPLES / "pytorch-checkpoint" / "task.yaml", "--dry-run",
                                        env=env, check=0),
         "hf-accelerate": run_orch("run", "-f", EXAMPLES / "hf-accelerate" / "task.yaml", "--gpu", "RTX 4090",
@@ -418,8 +418,7 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     }
     assert "RTX 4090" in plans["libreyolo"].stderr and "offers (on-demand, per job)" in plans["libreyolo"].stdout
     ddp = plans["torchrun-2-nodes"].stdout
-    assert "2 node(s), 8x H100" in ddp and "x2 nodes" in ddp and "ORCH_MASTER_ADDR" in ddp, ddp
-    assert "offers (on-demand, per hour)" in ddp and " 1. runpod H100" in ddp
+    assert "2 node(s), CPU only" in ddp and "rented together" in ddp and "ORCH_MASTER_PORT" in ddp, ddp
     cpu = plans["pytorch-checkpoint"].stdout
     assert "CPU only" in cpu and "checkpoint ckpt" in cpu and "train.py" in cpu and "nothing rented" in cpu
     hf = plans["hf-accelerate"].stdout
@@ -427,9 +426,9 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     # Flags win over the file: --gpu replaced its cpu: true... and nothing was rented by any of them.
     assert fake.inputs("podFindAndDeployOnDemand") == [] and fake.live() == []
     assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
-    # Launching the 2-node task for real is refused in one line (one node per job in this orch).
+    # On RunPod the 2-node task is refused in one line before anything is asked: pods share no network.
     proc = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "runpod", env=env, check=2)
-    assert "nodes: 2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "cannot rent a group" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert fake.live() == []
 
 
@@ -523,3 +522,56 @@ def test_the_workdir_leaves_out_what_gitignore_and_orchignore_name(tmp_path):
     tar, size = workdir.pack(root, tmp_path / "cache")
     again, _ = workdir.pack(root, tmp_path / "cache")
     assert tar == again and size > 0, "the same content packs to the same tar"
+
+
+# -- what a task file and a workdir may not smuggle ---------------------------------------------------
+def _billion_laughs() -> str:
+    """Nine lists of nine aliases each, nested nine deep: a billion strings in about 400 bytes."""
+    rows = ['  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        prev, cur = chr(ord("a") + i - 1), chr(ord("a") + i)
+        rows.append(f"  {cur}: &{cur} [{','.join(['*' + prev] * 9)}]")
+    return "name: t\nresources: {cpu: true}\nrun: echo hi\nenv:\n" + "\n".join(rows) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(orch_home, tmp_path):
+    """403 bytes of aliases took 10-35 s and 1.1 GB to read (issue 42): an alias is refused, so every
+    value is read once; the refusal names its line, exit 2, nothing created."""
+    from orchestrator import task
+    from orchestrator.errors import UsageError
+
+    text = _billion_laughs()
+    assert len(text) < 500
+    bomb = write(tmp_path / "bomb.yaml", text)
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match=r"bomb\.yaml:6: .*aliases"):
+        task.load(bomb)
+    assert time.monotonic() - t0 < 1.0
+    proc = run_orch("run", "-f", bomb, check=2)
+    assert "aliases (*name) are not accepted" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    nothing_created(orch_home)
+    # Without aliases the same file reads as before.
+    plain = write(tmp_path / "plain.yaml", 'name: t\nresources: {cpu: true}\nrun: echo hi\nenv: {A: "[1, 2]"}\n')
+    assert task.load(plain)[0].env == {"A": "[1, 2]"}
+
+
+def test_a_hard_linked_file_arrives_and_git_never_leaves(tmp_path):
+    """A second name of a file was packed as a tar hard link, which the instance (regular files only)
+    dropped without a word; `!.git/` in .orchignore sent .git, which never leaves."""
+    from orchestrator import workdir
+
+    tree = on_instance("tree")
+    root = tmp_path / "w"
+    write(root / "model.py", "weights = 1\n")
+    os.link(root / "model.py", root / "model_link.py")
+    write(root / "sub" / "cfg.yaml", "a: 1\n")
+    os.link(root / "sub" / "cfg.yaml", root / "cfg_again.yaml")
+    write(root / ".git" / "config", "[remote]\n url = https://token@example.invalid/x\n")
+    write(root / "vendor" / "lib" / ".git" / "HEAD", "ref\n")
+    (root / ".orchignore").write_text("!.git/\n!.git\n!vendor/lib/.git/\n")
+    tar, _ = workdir.pack(root, tmp_path / "cache")
+    dest = tmp_path / "instance"
+    tree.unpack(str(tar), str(dest))
+    arrived = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert arrived == [".orchignore", "cfg_again.yaml", "model.py", "model_link.py", "sub/cfg.yaml"], arrived
+    assert (dest / "model_link.py").read_text() == "weights = 1\n" and (dest / "cfg_again.yaml").read_text() == "a: 1\n"

@@ -15,6 +15,7 @@ p.add_argument("--steps", type=int, default=6)
 args = p.parse_args()
 
 accelerator = Accelerator()
+accelerator.print(f"world {accelerator.num_processes} process(es), {accelerator.distributed_type.value}")
 torch.manual_seed(0)
 config = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2)
 model = GPT2LMHeadModel(config)
@@ -52,4 +53,5 @@ accelerator.wait_for_everyone()
 if accelerator.is_main_process:
     accelerator.unwrap_model(model).save_pretrained("out/model", safe_serialization=True)
     Path("out/steps.txt").write_text(f"{step}\n")
+    Path("out/world.txt").write_text(f"{accelerator.num_processes}\n")
 accelerator.print("done")

@@ -23,7 +23,7 @@ model = torch.nn.Linear(1, 1)
 opt = torch.optim.SGD(model.parameters(), lr=float(os.environ.get("LR", "0.05")))
 start = 0
 if state_path.exists():
-    state = torch.load(state_path)
+    state = torch.load(state_path, weights_only=True)  # it came from another (rented) machine: tensors only
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     start = state["step"]

@@ -37,6 +37,7 @@ def _export(platform: str, name: str, data: Optional[str], model: str, epochs: i
     keys = training.train_keys(spec, data_yaml="", project="", name=name, gpus=gpus, cpu=False)
     for runtime in ("data", "project", "name", "exist_ok"):
         keys.pop(runtime)
+    export.check_train(keys)
     target = Path(output or f"{name}_{platform}.py").expanduser()
     job = export.ExportSpec(platform=platform, name=name, data=data, gpu=gpu_name, gpus=gpus, max_hours=max_hours,
                             retries=retries, volume=volume, train=keys, epochs=epochs, model=model, push_to=push_to)

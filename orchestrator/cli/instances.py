@@ -48,6 +48,9 @@ def up(
     cheapest: bool = typer.Option(False, "--cheapest", help="Launch the offer that is cheapest per job (or per hour)."),
     nodes: int = typer.Option(1, "--nodes", help="Machines: N > 1 rents a group NAME (nodes NAME-0 .. NAME-N-1) "
                                                  "that trains under torchrun, all or nothing."),
+    volume: Optional[List[str]] = typer.Option(None, "--volume", help="NAME:PATH: mount volume NAME (`orch volume "
+                                               "create`) at PATH before anything runs (repeatable; NAME:PATH:per-node "
+                                               "gives each node of a group NAME-R)."),
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
@@ -57,7 +60,14 @@ def up(
         name, provider=provider, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer,
         ssh_timeout=ssh_timeout, data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
-        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost, nodes=nodes)
+        max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost, nodes=nodes, volume=volume)
+    if volume:  # the volumes' provider rents, and its create mounts them (``volume_mounts``)
+        from orchestrator import volume_mounts, volume_uses
+
+        placed = volume_mounts.for_cli(volume_uses.flags(volume), nodes, [provider] if provider else None)
+        request = placed.request(request)
+        if provider is None and placed.provider != plugins.default_provider():
+            provider = placed.provider
     if nodes > 1:
         from orchestrator.cli import groups
 
@@ -121,7 +131,7 @@ def up(
 
 def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,
                      epochs, imgsz, batch, save_period, train_arg, push_to, resume, idle_minutes, max_hours, on_idle,
-                     rebuild_cost, need_data: bool = False, nodes: int = 1):
+                     rebuild_cost, need_data: bool = False, nodes: int = 1, volume=None):
     """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
     training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
     options (``need_data``: training is what it is for) and checks them here too."""
@@ -130,6 +140,9 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     from orchestrator.lifecycle import check_name
 
     check_name(name)
+    from orchestrator.volume_uses import flags
+
+    flags(volume)  # --volume as written (where each volume is: once the rest is checked)
     policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
                                  rebuild_cost=rebuild_cost)
     check_ssh_timeout(ssh_timeout)
@@ -171,12 +184,17 @@ def request_from(name: str, *, gpu, gpus, cpu, disk, image, spot, bid, offer):
 
 
 def refuse_spot(provider: str, spot: bool) -> None:
-    """--spot on a provider named: refused up front when it has none."""
-    from orchestrator import plugins
-
-    cls = plugins.provider_class(provider)
-    if spot and not cls.capabilities.spot:
+    """--spot on a provider named: refused up front when it has none (an unknown provider too). Its
+    capabilities are the built provider's: the local one's depend on this machine."""
+    if spot and not renter(provider).capabilities.spot:
         raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
+
+
+def refuse_spot_on(providers: list[str], spot: bool) -> None:
+    """--spot on a job whose providers are named: refused when none of them has spot instances, as
+    its launch would find (a dry run too)."""
+    if spot and providers and not any(renter(p).capabilities.spot for p in providers):
+        refuse_spot(providers[0], True)
 
 
 def renter(provider: str):
@@ -285,8 +303,10 @@ def status(
         return
     from orchestrator import watchdog
     from orchestrator.cli import groups
+    from orchestrator.lifecycle import check_name
     from orchestrator.views.instances import iso, model_dict
 
+    check_name(name)  # before anything is opened: a refusal creates no ledger
     orch = open_orch()
     if groups.status(orch, name, as_json):
         return
@@ -304,6 +324,9 @@ def status(
     if run is not None:
         data["run"] = _run_view(orch, inst, run)
     events = orch.ledger.events(inst.id)
+    from orchestrator import volumes
+
+    data["volumes"] = [{"volume": v["volume"], "path": v["path"]} for v in volumes.attached(orch.ledger).get(inst.id, [])]
     data["events"] = [{"at": iso(e.at), "from": e.from_state, "to": e.to_state,
                        "reason": e.reason, "actor": e.actor} for e in events]
     since = next((e.at for e in reversed(events) if e.to_state == inst.state and e.from_state != e.to_state), None)
@@ -318,6 +341,8 @@ def status(
     for key in ("gpu_name", "device", "ssh", "price_hr", "stopped_price_hr", "disk_gb"):
         if data.get(key) not in (None, ""):
             out(f"  {key:<17}{clean(data[key])}")
+    for v in data["volumes"]:
+        out(f"  volume           {v['volume']} at {clean(v['path'])}")
     if run is not None:
         r = data["run"]
         out(f"  run              {clean(r['model'])} {clean(r.get('progress') or r['state'])}")
@@ -553,23 +578,56 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     if not 1 <= lines <= 100_000:
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
     orch = open_orch()
-    inst = instance_named(orch, name)
+    try:
+        inst = instance_named(orch, name)
+    except UsageError:
+        if orch.ledger.by_name(name) is None and orch.ledger.job(name) is not None:  # a job's name: its own logs
+            raise UsageError(f"{name} is a job, not an instance: `orch jobs logs {name}` shows its log "
+                             f"(`-f` follows it to the job's end)") from None
+        raise
     run = orch.ledger.latest_run(inst.id)
     if run is None:  # an empty answer would read as "the training printed nothing"
         raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
                          "starts one)")
+    from orchestrator.task import held_secrets
+    from orchestrator.training import run_secrets
+
+    hide, missing = held_secrets(run_secrets(run))
+    if missing:  # what the command printed may show them, and this process cannot hide them
+        raise UsageError(f"{name}'s log may show the secret {', '.join(missing)}, which this orch process does not "
+                         "hold to hide: ask again where it is set")
     with orch.connect(inst) as c:
         log = host.workdir(c) + "/train.log"
         if not follow:
-            sys.stdout.write(_printable(train.tail_log(c, lines)))
+            sys.stdout.write(_printable(train.tail_log(c, lines), hide))
             return
         # tail -F ends with the connection; Ctrl-C leaves the training untouched.
-        c.run(f"tail -n {int(lines)} -F {shlex.quote(log)}", hide=False, warn=True, pty=False)
+        c.run(f"tail -n {int(lines)} -F {shlex.quote(log)}", hide=False, warn=True, pty=False,
+              out_stream=_Hiding(hide) if hide else None)
 
 
-def _printable(text: str) -> str:
-    """A log from the instance, without the terminal escapes it may hold (its lines kept)."""
-    return "".join((clean(line, 100_000) or "") + "\n" for line in text.splitlines())
+def _printable(text: str, hide=()) -> str:
+    """A log from the instance, without the terminal escapes it may hold (its lines kept), every
+    secret in ``hide`` (values) hidden (``text.redact``, before and after the escapes go)."""
+    from orchestrator.text import redact
+
+    return "".join((redact(clean(line, 100_000), hide) or "") + "\n" for line in redact(text, hide).splitlines())
+
+
+class _Hiding:
+    """Where ``tail -F`` writes, chunk by chunk: whole lines printed, each through ``_printable``."""
+
+    def __init__(self, hide):
+        self.hide, self.part = hide, ""
+
+    def write(self, chunk: str) -> None:
+        done, sep, self.part = (self.part + chunk).rpartition("\n")
+        if sep:
+            sys.stdout.write(_printable(done, self.hide))
+            sys.stdout.flush()
+
+    def flush(self) -> None:
+        sys.stdout.flush()
 
 
 @app.command()
@@ -612,3 +670,25 @@ def _free_local_port(start: int) -> int:
             except OSError:
                 continue
     raise OrchError(f"no free local port in {start}-{start + 19}")
+
+
+def group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
+    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
+    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
+    from orchestrator import groups, jobs, plugins
+    from orchestrator.provider import RentsGroups
+
+    longest = jobs.MAX_GROUP_JOB_NAME
+    if len(name) > longest:
+        raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "
+                         f"NAME-a1-0, NAME-a1-1, ...), not {len(name)}")
+    if request.cpu and not providers:
+        providers = [plugins.default_provider()]
+    if providers:
+        for p in providers:
+            groups.check_provider(renter(p), nodes, request)
+        return providers
+    able = [p for p in plugins.providers() if isinstance(renter(p), RentsGroups)]
+    if not able:
+        raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
+    return able

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -61,6 +62,7 @@ def run(
     plan the offer cheapest per job, launch, pull milestones, recover from lost machines, pull
     everything, destroy. `orch up`'s options apply."""
     sub = None
+    name, command = _after_dashes(name, command)
     if file is not None or command or env or secret or workdir:
         from orchestrator.cli import task_run
 
@@ -79,11 +81,21 @@ def run(
     _submit(sub, dry_run, wait, as_json)
 
 
+def _after_dashes(name, command):
+    """(NAME, CMD) as typed: ``orch run -f t.yaml -- echo`` gives Typer NAME "echo" (all after ``--``
+    is positional), which is the command's first word, not the job's name."""
+    args = sys.argv[1:]
+    rest = args[args.index("--") + 1:] if "--" in args else []
+    if name is not None and rest and rest == [name, *(command or [])]:
+        return None, [name, *(command or [])]
+    return name, command
+
+
 def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options):
     """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
     from dataclasses import replace
 
-    from orchestrator import checkpoint_vet, config, jobs, plugins
+    from orchestrator import checkpoint_vet, config, jobs, plugins, volume_mounts
 
     if name is None:
         raise UsageError("orch run needs a NAME (`orch run NAME --data ...`, `orch run NAME -- CMD`) or -f task.yaml")
@@ -100,9 +112,10 @@ def _training(name, provider, max_cost, max_hours, retries, keep, max_price, opt
             f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
     nodes = options["nodes"]
     if nodes > 1:
-        providers = _group_providers(name, nodes, providers, request)
+        providers = instances.group_providers(name, nodes, providers, request)
     for p in named:
         instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
+    instances.refuse_spot_on(named, request.spot)
     if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
         first = instances.renter(providers[0] if providers else plugins.default_provider())
         first.validate(request)
@@ -119,7 +132,7 @@ def _training(name, provider, max_cost, max_hours, retries, keep, max_price, opt
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(kind="train", work=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, nodes=nodes,
-                      max_price=max_price)
+                      max_price=max_price, volumes=volume_mounts.for_flags(options.get("volume"), nodes, named))
     return jobs.Submission(name, js, max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep,
                            resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None)
 
@@ -143,22 +156,32 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
 
     orch = open_orch()
     try:
-        got = jobs.submit(orch, sub, dry_run=dry_run)
         if dry_run:
             from orchestrator.cli import task_run
+            from orchestrator.errors import NoCapacity
 
+            try:
+                got = jobs.submit(orch, sub, dry_run=True)
+            except NoCapacity:
+                if task_run.print_list_prices(sub):  # no provider could be asked: the shipped list prices
+                    return
+                raise
             task_run.print_plan(sub, got.choice)
             return
+        got = jobs.submit(orch, sub, dry_run=dry_run)
         job = got.job
         if wait and job.state in jobs.ACTIVE:
             job = job_views.follow(orch, job)
     except KeyboardInterrupt:
         if orch.ledger.job(sub.name) is None or dry_run:
             raise  # nothing recorded yet: nothing goes on
-        say(f"\norch: the job goes on: `orch jobs show {sub.name}` follows it, `orch jobs cancel {sub.name}` stops it"
-            + _reaper_hint(orch))
+        say(f"\norch: the job goes on: `orch jobs show {sub.name}` follows it, `orch jobs cancel {sub.name}` stops it")
+        say(_watched(orch, sub.name))
         sys.exit(130)
+    watched = _watched(orch, job.name) if job.state in jobs.ACTIVE else None  # nobody follows it from here
     _show(orch, job, as_json)
+    if watched:
+        say(watched)  # what does: the watcher (started first, so it looks while this prints) or the reaper
     if job.state == jobs.FAILED:
         sys.exit(1)
 
@@ -180,28 +203,6 @@ def _cpu_by_default(providers: list[str], options: dict) -> bool:
     return True
 
 
-def _group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
-    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
-    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
-    from orchestrator import groups, jobs, plugins
-    from orchestrator.provider import RentsGroups
-
-    longest = jobs.MAX_GROUP_JOB_NAME
-    if len(name) > longest:
-        raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "
-                         f"NAME-a1-0, NAME-a1-1, ...), not {len(name)}")
-    if request.cpu and not providers:
-        providers = [plugins.default_provider()]
-    if providers:
-        for p in providers:
-            groups.check_provider(instances.renter(p), nodes, request)
-        return providers
-    able = [p for p in plugins.providers() if isinstance(instances.renter(p), RentsGroups)]
-    if not able:
-        raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
-    return able
-
-
 def _signature() -> inspect.Signature:
     """run's own parameters, then every option of up that a job reads as up does."""
     own = inspect.signature(run, eval_str=True)
@@ -216,13 +217,11 @@ run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameter
 app.command("run")(run)
 
 
-def _reaper_hint(orch) -> str:
-    from orchestrator import reaper_timer
+def _watched(orch, name: str) -> str:
+    """What watches the job once `orch run` returns, in one line (``watcher.ensure``)."""
+    from orchestrator import watcher
 
-    if reaper_timer.installed(orch.ledger):
-        return "; the scheduled reaper advances it"
-    return ("; nothing advances it while no command looks: `orch reaper install` schedules the reaper, "
-            "which then recovers it with this terminal closed")
+    return watcher.ensure(orch, name)
 
 
 def _job(orch, name: str):
@@ -245,11 +244,15 @@ def _show(orch, job, as_json: bool) -> None:
         return
     kind = job_views.kind_of(job)
     out(f"job {d['name']}: {d['state']}" + (f" ({clean(d['reason'], 300)})" if d["reason"] else ""))
+    if d.get("schedule"):
+        out(f"  schedule {d['schedule']} started it (`orch schedule ls`)")
     for line in kind.show(d) if kind else ["  spec     unreadable (not a job this orch can run)"]:
         out(line)
     out(f"  plan     {clean(d['plan'].get('line'), 300)}")
     if (d.get("nodes") or 1) > 1:
         out(f"  nodes    {d['nodes']} per attempt, relaunched as one")
+    for line in job_views.node_lines(d):  # each node of the current attempt, its own progress
+        out(line)
     cap = f" of ${d['max_cost']:g}" if d["max_cost"] is not None else ""
     out(f"  cost     ${d['cost']:.4f}{cap}, {len(d['attempts'])} attempt(s), {d['retries']} relaunch(es) allowed")
     planned = d["plan"].get("offer")
@@ -296,7 +299,8 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
 
     for d in rows:
         progress = KINDS[d["kind"]].progress(d) if d["kind"] in KINDS else "-"
-        t.add_row(d["name"], d["state"], str(len(d["attempts"])), progress,
+        name = d["name"] + (f"\n(schedule {d['schedule']})" if d.get("schedule") else "")
+        t.add_row(name, d["state"], str(len(d["attempts"])), progress,
                   f"${d['cost']:.4f}", escape(d["weights"] or clean(d["reason"], 200) or "-"))
     console().print(t)
 
@@ -306,6 +310,7 @@ def jobs_show(name: str, as_json: bool = typer.Option(False, "--json", help="As 
     """One job, after one look (which advances it: recovering a lost attempt, finishing a completed one)."""
     from orchestrator import jobs
 
+    jobs.check_job_name(name)  # before anything is opened: a refusal creates no ledger
     orch = open_orch()
     job = _job(orch, name)
     before = job.updated_at
@@ -320,6 +325,7 @@ def jobs_cancel(name: str):
     """Stop the job: pull what can be pulled, destroy its instance."""
     from orchestrator import jobs
 
+    jobs.check_job_name(name)  # before anything is opened: a refusal creates no ledger
     orch = open_orch()
     job = jobs.cancel(orch, _job(orch, name))
     out(f"job {job.name}: {job.state}")
@@ -327,23 +333,180 @@ def jobs_cancel(name: str):
 
 @jobs_app.command("logs")
 def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-              lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end.")):
-    """The training log of the job's current attempt (the pulled train.log once its instance is gone)."""
-    from orchestrator import states
-    from orchestrator.jobs.record import weights_dir
+              lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end."),
+              node: int = typer.Option(None, "--node", help="A group job: node R's log (0, the head, by default).")):
+    """The log of the job's current attempt (the pulled train.log once its instance is gone)."""
+    from orchestrator import groups, states
+    from orchestrator.jobs.kinds.command import node_log
+    from orchestrator.jobs.record import check_job_name, scrub, weights_dir
 
+    check_job_name(name)  # before anything is opened: a refusal creates no ledger
     if not 1 <= lines <= 100_000:
         raise UsageError(f"--lines must be between 1 and 100000, not {lines}")
+    if node is not None and not 0 <= node < groups.MAX_NODES:
+        raise UsageError(f"--node must be a rank between 0 and {groups.MAX_NODES - 1}, not {node}")
     orch = open_orch()
     job = _job(orch, name)
-    attempts = orch.ledger.attempts(job.id)
-    inst = orch.ledger.get(attempts[-1].instance_id) if attempts and attempts[-1].instance_id else None
+    if node is not None and node >= (job.nodes or 1):
+        raise UsageError(f"job {name} runs on {job.nodes or 1} node(s): ranks 0 to {(job.nodes or 1) - 1}, not {node}")
+    if follow:
+        from orchestrator import jobs
+
+        if job.state in jobs.ACTIVE:
+            _follow_log(orch, job, lines, node or 0)
+            return
+    inst = _node_now(orch, job, node or 0)
     if inst is not None and inst.state == states.READY:
-        instances.logs(inst.name, follow=follow, lines=lines)
+        instances.logs(inst.name, follow=False, lines=lines)
         return
-    pulled = weights_dir(orch.home, job.name) / "train.log"
+    pulled = node_log(weights_dir(orch.home, job.name), node or 0)
     if not pulled.is_file():
-        raise UsageError(f"job {name} has no instance up and no pulled train.log in {pulled.parent}")
+        raise UsageError(f"job {name} has no instance up and no pulled {pulled.name} in {pulled.parent}")
     text = Path(pulled).read_bytes()[-(2 << 20):].decode(errors="replace").splitlines()[-lines:]
     for line in text:
-        out(clean(line, 100_000) or "")
+        out(scrub(job, clean(line, 100_000)) or "")  # hidden when it came home; a secret held now hidden too
+
+
+def _node_now(orch, job, node: int):
+    """Node ``node`` (0: the head) of the job's current attempt, or None."""
+    from orchestrator import groups
+
+    attempts = orch.ledger.attempts(job.id)
+    inst = orch.ledger.get(attempts[-1].instance_id) if attempts and attempts[-1].instance_id else None
+    if inst is not None and node:
+        inst = next((n for n in groups.members(orch.ledger, inst) if n.node_rank == node), None)
+    return inst
+
+
+FOLLOW_S = 1.0  # how often `orch jobs logs -f` reads what the log gained
+LOOK_S = 5.0  # how often it advances the job itself, when no watcher or reaper does
+
+
+def _follow_log(orch, job, lines: int, node: int) -> None:
+    """`orch jobs logs -f`: the log of the job's current attempt as it grows, the next attempt's
+    after a relaunch, until the job ends; then what its pulled log holds past what was printed (the
+    last lines, written after the last read). One SSH connection per attempt, read with SFTP."""
+    from orchestrator import jobs, states, watcher
+    from orchestrator.errors import OrchError
+    from orchestrator.jobs.kinds.command import node_log
+    from orchestrator.jobs.record import secret_names, weights_dir
+    from orchestrator.task import held_secrets
+    from playbooks import host
+
+    hide, missing = held_secrets(secret_names(job))
+    if missing:  # what the command printed may show them, and this process cannot hide them
+        raise UsageError(f"job {job.name}'s log may show the secret {', '.join(missing)}, which this orch process "
+                         "does not hold to hide: ask again where it is set")
+    printer = _LogPrinter(hide)
+    looked = time.monotonic()
+    current = None  # (instance id, run id) being followed
+
+    def look(job):
+        """The job as the ledger has it now; advanced first when nothing else watches it."""
+        nonlocal looked
+        if time.monotonic() - looked >= LOOK_S:
+            looked = time.monotonic()
+            if watcher.watching(orch) is None:
+                return jobs.advance(orch, orch.ledger.get_job(job.id))
+        return orch.ledger.get_job(job.id)
+
+    while job.state in jobs.ACTIVE:
+        inst = _node_now(orch, job, node)
+        run = orch.ledger.latest_run(inst.id) if inst is not None else None
+        if inst is None or inst.state != states.READY or run is None:
+            time.sleep(FOLLOW_S)
+            job = look(job)
+            continue
+        if current is not None and current != (inst.id, run.id):
+            say(f"orch: job {job.name}: now {inst.name}'s log")
+            printer.restart(whole=True)
+        current = (inst.id, run.id)
+        try:
+            with orch.connect(inst) as c:
+                path = host.workdir(c) + "/train.log"
+                sftp = c.sftp()
+                while job.state in jobs.ACTIVE:
+                    if not printer.read(sftp, path, lines):
+                        break  # the connection dropped: the next look says where the job goes
+                    time.sleep(FOLLOW_S)
+                    job = look(job)
+                    now = _node_now(orch, job, node)
+                    latest = orch.ledger.latest_run(now.id) if now is not None else None
+                    if now is None or (now.id, getattr(latest, "id", None)) != current or now.state != states.READY:
+                        break  # relaunched, replaced, or its machine is going: follow where it goes
+                else:
+                    printer.read(sftp, path, lines)  # what it wrote before it ended, while it still answers
+        except OrchError:
+            time.sleep(FOLLOW_S)  # lost, or not answering: the next look says where the job goes
+            job = look(job)
+    pulled = node_log(weights_dir(orch.home, job.name), node)
+    printer.rest(pulled if current is None or current == _now_key(orch, job, node) else None, lines)
+
+
+def _now_key(orch, job, node: int):
+    inst = _node_now(orch, job, node)
+    run = orch.ledger.latest_run(inst.id) if inst is not None else None
+    return (inst.id, run.id) if inst is not None and run is not None else None
+
+
+class _LogPrinter:
+    """A log followed by offset: whole lines printed (printable, the job's secrets hidden), the
+    first read its last ``lines`` lines only; a log that shrank (a new run wrote it afresh) is read
+    from its start."""
+
+    TAIL_BYTES = 1 << 20
+
+    def __init__(self, hide):
+        self.hide = hide
+        self.restart(whole=False)
+
+    def restart(self, whole: bool) -> None:
+        """A new log: read whole (a relaunch's), or only its last lines (the first one)."""
+        self.offset, self.part, self.first = None, b"", not whole
+
+    def read(self, sftp, path: str, lines: int) -> bool:
+        """What the log gained since the last read, printed; False when the connection failed."""
+        try:
+            size = sftp.stat(path).st_size
+            if self.offset is None or size < self.offset:
+                self.offset, self.part = max(size - self.TAIL_BYTES, 0) if self.first else 0, b""
+            if size == self.offset:
+                return True
+            with sftp.open(path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(min(size - self.offset, 8 << 20))
+        except FileNotFoundError:
+            return True  # not written yet
+        except Exception:  # noqa: BLE001 - paramiko's and the socket's errors alike: the machine is going
+            return False
+        self.offset += len(data)
+        self._print(data, lines if self.first else None)
+        self.first = False
+        return True
+
+    def _print(self, data: bytes, last: int | None) -> None:
+        from orchestrator.cli.instances import _printable
+
+        done, sep, self.part = (self.part + data).rpartition(b"\n")
+        if not sep:
+            return  # no whole line yet
+        text = done.decode(errors="replace")
+        if last is not None:
+            text = "\n".join(text.splitlines()[-last:])
+        sys.stdout.write(_printable(text, self.hide))
+        sys.stdout.flush()
+
+    def rest(self, pulled: Path | None, lines: int) -> None:
+        """After the job ended: what the pulled copy of the followed log holds past the last read
+        (the same file, brought home whole; its last ``lines`` lines where none was read), and a
+        last line left without its newline."""
+        if pulled is not None and pulled.is_file():
+            with open(pulled, "rb") as f:
+                if self.offset is None:
+                    f.seek(max(f.seek(0, 2) - self.TAIL_BYTES, 0))
+                    self._print(f.read(), lines)
+                else:
+                    f.seek(self.offset)
+                    self._print(f.read(8 << 20), None)
+        if self.part:
+            self._print(b"\n", None)

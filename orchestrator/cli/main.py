@@ -41,6 +41,10 @@ def _fast(args: list[str]):
 
         # A real pass acts: it is never run twice, so its errors are said here, by the one boundary.
         return reap if "--dry-run" in flags else lambda: run(reap)
+    if args[:1] == ["watch"]:  # the detached watcher `orch run` starts (``watcher``): not in --help
+        from orchestrator import watcher
+
+        return lambda: run(lambda: watcher.main(args[1:]))
     return None
 
 
@@ -71,7 +75,7 @@ def run(call=None) -> None:
             return call()
         import typer
 
-        from orchestrator.cli import instances, jobs, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard  # noqa: F401,I001  (their commands, in help order)
+        from orchestrator.cli import instances, jobs, exec, schedule, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard, volume  # noqa: F401,I001  (their commands, in help order)
         from orchestrator.cli.app import app
 
         command = typer.main.get_command(app)

@@ -111,12 +111,18 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
     from orchestrator import cost as costs
 
     start = costs.parse_since(since) if since else None  # checked before anything is opened
+    if name is not None:
+        from orchestrator.lifecycle import check_name
+
+        check_name(name)
     costs.show(open_orch(lazy=True).ledger, name, start, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
 
 
 def _set_protected(name: str, on: bool) -> None:
     from orchestrator import states, watchdog
+    from orchestrator.lifecycle import check_name
 
+    check_name(name)  # before anything is opened: a refusal creates no ledger
     orch = open_orch()
     inst = instance_named(orch, name)
     if inst.protected == on:

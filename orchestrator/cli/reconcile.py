@@ -11,7 +11,7 @@ import typer
 
 from orchestrator.cli.app import app, emit_json, instance_named, open_orch
 
-LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settled", "busy")
+LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settled", "swept", "busy")
 
 
 @app.command()
@@ -26,6 +26,8 @@ def reconcile(as_json: bool = typer.Option(False, "--json", help="The report as 
     else:
         for p in report.providers:
             print(f"{p.provider:<10} {_line(p)}")
+        for line in report.volumes.changed + [f"problem: {x}" for x in report.volumes.problems]:
+            print(f"volumes    {line}")
     if not report.ok:
         sys.exit(1)
 

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.cli.app import out
+from orchestrator.cli.app import out, say
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
@@ -77,6 +77,9 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
         if _given(key):
             setattr(t, key, options[key])
     if _given("nodes"):
+        from orchestrator import groups
+
+        groups.check_nodes(options["nodes"])
         t.nodes = options["nodes"]
     if env:
         t.env.update(task.env_pairs(env))
@@ -87,7 +90,8 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
     if t.run is None and t.train is None:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: nothing to run: give run: (a command) "
                          "or train: (a LibreYOLO training)")
-    task.check(t, path, lines)
+    task.check(t, path, lines, _dry_run_environ(t, dry_run))
+    _say_translation(path, lines)
     name = name or t.name
     if not name:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: the job needs a name: name: in the "
@@ -99,11 +103,10 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
     except UsageError as e:
         raise UsageError(f"{task.where(path, lines, 'name') if path and t.name == name else 'orch run'}: {e}") from None
     providers = [res.provider] if isinstance(res.provider, str) else list(res.provider or [])
-    if t.nodes > 1 and (not dry_run or t.train is not None):
-        where = task.where(path, lines, "nodes") if path and not _given("nodes") else "orch run"
-        raise UsageError(f"{where}: nodes: {t.nodes}: a job runs on one node in this orch (multi-node groups are "
-                         "not here yet); --dry-run shows a command's plan")
     if t.train is not None:
+        if res.min_vram is not None:
+            raise UsageError(f"{task.where(path, lines, 'resources', 'min_vram')}: resources.min_vram is for a command "
+                             "(run:); a train: job names its gpu")
         return Training(name, _train_options(t, options), t.max_cost, t.max_hours, t.retries, t.keep, providers,
                         res.max_price)
     given = [flag for key, flag in TRAINING_FLAGS.items() if _given(key)]
@@ -114,12 +117,15 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
 
 def _train_options(t, options: dict) -> dict:
     """The train: section and the resources as `orch up` options, where no flag was given."""
+    from orchestrator.task import volume_flags
+
     tr, res = t.train, t.resources
     fill = {"data": tr.data, "model": tr.model, "epochs": tr.epochs, "imgsz": tr.imgsz, "batch": tr.batch,
             "save_period": tr.save_period, "push_to": tr.push_to, "resume": tr.resume,
             "train_arg": [f"{k}={_scalar(v)}" for k, v in tr.args.items()],
             "gpu": res.gpu, "gpus": res.gpus, "cpu": res.cpu, "disk": res.disk, "image": res.image, "spot": res.spot,
-            "bid": res.bid, "idle_minutes": t.idle_minutes, "on_idle": t.on_idle}
+            "bid": res.bid, "idle_minutes": t.idle_minutes, "on_idle": t.on_idle, "nodes": t.nodes,
+            "volume": volume_flags(t)}
     merged = dict(options)
     for key, value in fill.items():
         if not _given(key):
@@ -135,57 +141,149 @@ def _scalar(v) -> str:
 
 def _command(name, t, path, lines, base: Path, providers, dry_run, options):
     """The command job's submission, every part of it checked."""
-    from orchestrator import config, jobs, plugins, task, workdir
+    from orchestrator import config, jobs, plugins, task
     from orchestrator import policy as policies
     from orchestrator.cli import instances
 
     res = t.resources
     for p in providers:
         plugins.provider_class(p)
-    folder = None
-    if t.workdir is not None:
-        folder = (base / Path(t.workdir).expanduser()).resolve()
-        workdir.measure(folder, t.workdir_max_mb, task.where(path, lines, "workdir"))
-    cmd = task.CommandSpec(run=t.run, setup=t.setup, env={k: task.scalar(v) for k, v in t.env.items()},
-                           secrets=list(t.secrets), workdir=str(folder) if folder else None,
-                           outputs=[task.under_workdir(o, "output", "") for o in t.outputs],
-                           checkpoint=task.under_workdir(t.checkpoint, "checkpoint", "") if t.checkpoint else None,
-                           checkpoint_minutes=t.checkpoint_minutes, nodes=t.nodes, workdir_max_mb=t.workdir_max_mb)
+    instances.refuse_spot_on(providers, res.spot)
+    cmd = command_spec(t, path, lines, base)
     policy = policies.from_flags(idle_minutes=t.idle_minutes, max_hours=None, on_idle=t.on_idle,
                                  rebuild_cost=options.get("rebuild_cost"))
     instances.check_ssh_timeout(options.get("ssh_timeout"))
     request = instances.request_from(name, gpu=res.gpu, gpus=res.gpus, cpu=res.cpu, disk=res.disk, image=res.image,
                                      spot=res.spot, bid=res.bid, offer=options.get("offer"))
+    if t.nodes > 1:  # a group: every provider it may rent on can (checked before anything is made)
+        providers = instances.group_providers(name, t.nodes, providers, request)
+    if request.cpu or request.offer:  # nothing to rank: the provider that rents says now what it cannot (--cpu --spot)
+        instances.renter(providers[0] if providers else plugins.default_provider()).validate(request)
     runs = config.home() / "runs" / name
-    if not dry_run and runs.is_dir() and any(runs.iterdir()):
+    if runs.is_dir() and any(runs.iterdir()):  # a dry run says so too: the launch would refuse it
         raise UsageError(f"{runs} already holds a job's files: name the job otherwise")
     ssh_timeout = options.get("ssh_timeout")
+    from orchestrator import volume_mounts
+
+    volumes = volume_mounts.for_flags(options.get("volume") if _given("volume") else task.volume_flags(t), t.nodes,
+                                      providers)
     js = jobs.JobSpec(kind="command", work=cmd, request=request, providers=providers or None,
-                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price)
+                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
+                      nodes=t.nodes, volumes=volumes, min_vram=res.min_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
                            disk_given=res.disk is not None)
+
+
+def command_spec(t, path, lines, base: Path):
+    """The command a task runs (``task.CommandSpec``), its workdir found and measured: what `orch run`
+    submits and `orch exec` starts on a machine of yours."""
+    from orchestrator import task, workdir
+
+    folder = None
+    if t.workdir is not None:
+        folder = workdir.folder(base, t.workdir, task.where(path, lines, "workdir"))  # ~nouser, a NUL: refused
+        workdir.measure(folder, t.workdir_max_mb, task.where(path, lines, "workdir"))
+    return task.CommandSpec(run=t.run, setup=t.setup, env={k: task.scalar(v) for k, v in t.env.items()},
+                            secrets=list(t.secrets), workdir=str(folder) if folder else None,
+                            outputs=[task.under_workdir(o, "output", "") for o in t.outputs],
+                            checkpoint=task.under_workdir(t.checkpoint, "checkpoint", "") if t.checkpoint else None,
+                            checkpoint_minutes=t.checkpoint_minutes, nodes=t.nodes, workdir_max_mb=t.workdir_max_mb,
+                            keep_checkpoints=t.keep_checkpoints)
+
+
+def _say_translation(path, lines) -> None:
+    """What orch translated of a SkyPilot or dstack task file, said once the file is accepted."""
+    from orchestrator import peer_tasks
+
+    for line in peer_tasks.said(path, lines):
+        say(line)
+
+
+def _dry_run_environ(t, dry_run: bool):
+    """The environment ``task.check`` reads the secrets from: a dry run warns of each secret not set
+    now (the launch refuses it then) and plans on; a launch reads this one."""
+    import os
+
+    if not dry_run:
+        return None
+    missing = [s for s in t.secrets if isinstance(s, str) and not os.environ.get(s)]
+    for name in missing:
+        say(f"orch: warning: secret {name} is not set in this environment: export it before the launch, which "
+            "refuses without it (its value is read at launch, never stored)")
+    return {**os.environ, **{name: "-" for name in missing}}
 
 
 def print_plan(sub, choice) -> None:
     """A dry run: what would run where, at what cost, and the offers the plan chose from."""
     js = sub.spec
+    nodes = js.nodes
+    _head(sub)
+    out(f"  plan     {clean(choice.line, 300)}")
+    if nodes > 1:
+        out(f"  nodes    {nodes}, rented together (all or nothing) on {choice.provider}; each gets ORCH_NODE_RANK, "
+            f"ORCH_NUM_NODES={nodes}, ORCH_NODE_IPS, ORCH_MASTER_ADDR, ORCH_MASTER_PORT, ORCH_GPUS_PER_NODE; "
+            "a lost node is replaced alone")
+    _offers(js, choice)
+    out("  dry run: nothing rented, nothing recorded")
+
+
+def _head(sub) -> None:
+    """What the task is: its machines, what it runs, its caps."""
+    js = sub.spec
     req = js.request
-    nodes = max(js.nodes, getattr(js.work, "nodes", 1) or 1)  # a command's nodes: shown, launched one per job
-    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}"
-    out(f"task {sub.name}: {nodes} node(s), {what}" + (", spot" if req.spot else "")
+    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}" + (
+        f" with at least {js.min_vram:g} GB each" if js.min_vram else "")
+    out(f"task {sub.name}: {js.nodes} node(s), {what}" + (", spot" if req.spot else "")
         + (f", disk {req.disk_gb} GB" if sub.disk_given else ""))
     for line in js.kind_of().plan_lines(sub.name):
         out(line)
     caps = [f"max_cost ${sub.max_cost:g}" if sub.max_cost is not None else None,
             f"max_hours {sub.max_hours:g}" if sub.max_hours else None, f"retries {sub.retries}"]
     out(f"  caps     {', '.join(c for c in caps if c)}")
-    per_node = f" x{nodes} nodes" if nodes > js.nodes else ""
-    out(f"  plan     {clean(choice.line, 300)}{per_node}")
-    if nodes > js.nodes:
-        out(f"  nodes    each node gets ORCH_NODE_RANK, ORCH_NUM_NODES={nodes}, ORCH_NODE_IPS, ORCH_MASTER_ADDR, "
-            "ORCH_GPUS_PER_NODE; launching more than one node is not in this orch yet")
-    _offers(js, choice)
+
+
+def print_list_prices(sub) -> bool:
+    """A dry run that could ask no provider for offers, for want of a key here: the task, then the
+    list prices orch ships for what it asks (``catalogue``), each marked "list price, DATE, not
+    live". False where that is not so (a provider with a key answered, or the catalogue lists
+    nothing of the kind): the plan's own refusal stands."""
+    from orchestrator import catalogue
+    from orchestrator.cli import instances
+
+    js = sub.spec
+    req = js.request
+    if req.cpu or req.offer:
+        return False
+    unkeyed = []
+    for name in js.providers or sorted(_provider_names()):
+        provider = instances.renter(name)
+        if provider.missing_credentials():
+            unkeyed.append(name)
+        elif not provider.embedded:  # a provider with a key was asked: its answer stands
+            return False
+    date, _ = catalogue.load()
+    rows = catalogue.matching(req.gpu, req.gpus, js.min_vram, unkeyed)
+    if not unkeyed or not rows:
+        return False
+    _head(sub)
+    out(f"  plan     no live offer: no key here for {', '.join(unkeyed)} (`orch check` says what each needs); "
+        "a launch asks the providers live")
+    per = f"per hour for {js.nodes} nodes" if js.nodes > 1 else "per hour"
+    out(f"list prices from orch's catalogue (on-demand, {per}; {catalogue.label(date)})"
+        + (": spot prices move and are not listed" if req.spot else "") + ", cheapest first:")
+    for i, row in enumerate(rows[:OFFERS_SHOWN], 1):
+        out(f"  {i:2d}. {row.provider}: {row.gpus}x {row.gpu} {row.vram_gb:g} GB ({row.offer}), "
+            f"${row.usd_hr * js.nodes:.2f}/hr, {catalogue.label(date)}")
+    for source in dict.fromkeys(row.source for row in rows[:OFFERS_SHOWN]):
+        out(f"  source   {source}")
     out("  dry run: nothing rented, nothing recorded")
+    return True
+
+
+def _provider_names() -> list[str]:
+    from orchestrator import plugins
+
+    return list(plugins.providers())
 
 
 def _offers(js, choice) -> None:

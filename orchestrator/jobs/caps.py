@@ -19,11 +19,13 @@ def cost(orch, job) -> float:
     """What every attempt's instance cost (running and stopped, at the price paid), until now."""
     from orchestrator.jobs import group
 
-    total = 0.0
+    total, seen = 0.0, set()
     for attempt in orch.ledger.attempts(job.id):
         inst = orch.ledger.get(attempt.instance_id) if attempt.instance_id else None
-        if inst is not None:
-            total += group.cost(orch, inst)  # every node of a group attempt
+        key = (inst.group_id or inst.id) if inst is not None else None
+        if inst is not None and key not in seen:  # a group carried on by a replacement counts once
+            seen.add(key)
+            total += group.cost(orch, inst)  # every node of a group attempt, replaced ones included
     return total
 
 

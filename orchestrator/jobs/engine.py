@@ -17,7 +17,8 @@ so no terminal needs to stay open: every reaper pass, every ``orch jobs show`` a
 - **Loss** (preempted, lost, broken, destroyed by someone else, stopped mid-run, unreachable past
   ``job_unreachable_minutes``, its run crashed): the reason is recorded, the newest intact
   checkpoint is taken where the old machine still answers, the machine is destroyed, the offers are
-  ranked again (another provider if it ranks first) and the next attempt restores the copy. At most
+  ranked again (another provider if it ranks first) and the next attempt restores the copy. One
+  node of a group lost while the others answer: that node alone is replaced (``_replace``). At most
   ``--retries`` relaunches (a launch that fails counts; an interrupted one does not), and
   ``--max-cost`` caps every attempt together.
 - **The work's own failure** (a command's non-zero exit) fails the job: no relaunch repeats it.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -93,6 +95,7 @@ def _end_attempt(orch, attempt, state: str, reason: str):
 
 
 def finish_job(orch, job, state: str, reason: str, **fields):
+    reason = record.scrub(job, reason)  # a secret the work printed: hidden before it is stored or posted
     job = orch.ledger.update_job(job.id, expect=ACTIVE, state=state, reason=reason[:2000], ended_at=record.now(),
                                  cost_usd=caps.cost(orch, job), **fields)
     if state in (COMPLETED, FAILED):  # what a user waits to hear about, with the laptop closed
@@ -112,15 +115,17 @@ def _kept(orch, job, sep: str) -> str:
 
 
 # -- launching an attempt ----------------------------------------------------------------------
-def launch(orch, job, js: JobSpec, choice, number: int):
+def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | None = None,
+           kept: frozenset = frozenset()):
     """Rent, provision and start attempt ``number`` on ``choice`` (restoring the job's checkpoint
     copy, if any); returns the job, running. Whatever fails after the create destroys what was
-    made (``Orch.up``, ``groups.up``)."""
+    made (``Orch.up``, ``groups.up``). ``rent``: how the attempt gets its machines instead (a lost
+    node replaced in its group: ``_replace``), called with the start and returning the head."""
     from orchestrator import groups
     from orchestrator.jobs import group
 
     kind = js.kind_of()
-    name = attempt_name(job.name, number)
+    name = name or attempt_name(job.name, number)
     _link_runs(orch.home, job.name, name)
     attempt = orch.ledger.add_attempt(job_id=job.id, number=number, instance_name=name, provider=choice.provider,
                                       offer=json.dumps({"key": choice.key, "line": choice.line}),
@@ -138,13 +143,16 @@ def launch(orch, job, js: JobSpec, choice, number: int):
         head.policy = pol  # the watchdog is armed from this very row right after this call
         for node in nodes:
             orch.ledger.update(node.id, policy=pol)
-        marks["launched"] = kind.launch(orch, job, nodes, orch.ledger.get_job(job.id).checkpoint_epoch)
+        marks["launched"] = kind.launch(orch, job, nodes, orch.ledger.get_job(job.id).checkpoint_epoch, kept)
 
     policy = caps.attempt_policy(orch, job, js, choice.price_hr)  # a group's price: every node's (``plan``)
     try:
-        if js.nodes > 1:
+        if rent is not None:
+            inst = rent(start)
+        elif js.nodes > 1:
             inst = groups.up(orch, name, choice.provider, choice.request, js.nodes, policy=policy,
-                             ssh_timeout=js.ssh_timeout, launch=lambda ready: start(ready[0]))[0]
+                             ssh_timeout=js.ssh_timeout, launch=lambda ready: start(ready[0]),
+                             prepare=kind.provisioned)[0]
         else:
             inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
                            after_verify=start, prepare=kind.provisioned)
@@ -209,7 +217,8 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
             except OrchError as e:  # no capacity, providers failing: the next look asks again
                 job = record.job_phase(orch, job, "plan", time.monotonic() - t0)
                 job = orch.ledger.update_job(job.id, reason=f"waiting for an offer: {_why(e)}")
-                return note(orch, job, f"no offer to relaunch on now ({_why(e)}): the next look asks again")
+                return record.note_once(orch, job, f"no offer to relaunch on now ({_why(e)}): the next look asks again",
+                                        f"after attempt {len(attempts)}")  # said once, not at every look
             job = record.job_phase(orch, job, "plan", time.monotonic() - t0)
             try:
                 check_plan(choice, job.max_cost, caps.cost(orch, job))
@@ -271,7 +280,10 @@ def advance_all(orch) -> list[dict]:
 
 
 def _advance(orch, job):
-    js = JobSpec.from_json(job.spec)
+    try:
+        js = JobSpec.of(job)  # a row is checked as strictly as a new job: a tampered one fails, never acts
+    except UsageError as e:
+        return finish_job(orch, job, FAILED, f"its ledger row is refused: {_why(e)}")
     attempt = _current(orch, job)
     if attempt is None or attempt.state in (LAUNCH_FAILED, INTERRUPTED, LOST):
         return relaunch(orch, job, js)
@@ -310,7 +322,8 @@ def _advance(orch, job):
         return _complete(orch, job, js, attempt, inst, "its weights were pulled before its instance ended")
     events = orch.ledger.events(inst.id)
     last = next((e for e in reversed(events) if e.from_state != e.to_state), None)
-    why = f"instance {inst.state}" + (f" ({clean(last.reason, 200)}, by {last.actor})" if last else "")
+    # "recorded by": the actor that wrote the event, which the reason itself says did it or not
+    why = f"instance {inst.state}" + (f" ({clean(last.reason, 200)}, recorded by {last.actor})" if last else "")
     return _lost(orch, job, js, attempt, inst, run, why)
 
 
@@ -344,14 +357,14 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     state = view["state"]
     if state == "completed":
         return _finish(orch, job, js, attempt, inst, run, view)
+    # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
+    # crash for want of it: the lost node is the cause worth recording, before any exit code).
+    gone = group.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
+    if gone:
+        return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
     if own:  # the work's own failure: no relaunch repeats it
         return _failed(orch, job, js, attempt, inst, run, view, own)
-    # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
-    # crash for want of it: the lost node is the cause worth recording).
-    gone = group.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
-    if gone:
-        return _lost(orch, job, js, attempt, inst, run, gone)
     if state in ("failed", "crashed"):
         return _lost(orch, job, js, attempt, inst, run, f"training {state}" + (f": {view['error']}" if view.get("error")
                                                                                else ""))
@@ -397,11 +410,14 @@ def _bring_home(orch, job, js: JobSpec, inst, run, what: str) -> None:
         note(orch, job, f"not everything was pulled {what} ({_why(e)})")
 
 
-def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
-    """Record the loss, keep the newest intact checkpoint, give the instance back, relaunch."""
+def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str, node=None):
+    """Record the loss, keep the newest intact checkpoint, give the instance back, relaunch. One
+    node of a group lost (``node``, or the head itself) while the others answer: that node alone is
+    replaced (``_replace``), the survivors kept with their setup, data and caches."""
     from orchestrator import groups
     from orchestrator.jobs import group
 
+    why = record.scrub(job, why)  # it may quote the instance: the job's secrets hidden
     attempt = _end_attempt(orch, attempt, LOST, why)
     job = orch.ledger.update_job(job.id, expect=(RUNNING, RECOVERING, PLANNED), state=RECOVERING,
                                  reason=f"attempt {attempt.number} lost: {why}")
@@ -424,10 +440,82 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str):
                                + (f" (epoch {copy})" if copy else " (none: starting over)"))
         except OrchError as e:
             note(orch, job, f"could not read {inst.name} any more ({_why(e)}): resuming from the job's copy")
+    from orchestrator.jobs import resume_copy  # a copy the attempt crashed on as it resumed is not tried again
+    resume_copy.crashed_on(orch, job, attempt, why)
+    if groups.is_group(inst):
+        if node is None and orch.ledger.get(inst.id).state != states.READY:
+            node = inst  # the head itself is the node lost
+        replaced = _replace(orch, orch.ledger.get_job(job.id), js, attempt, inst, node)
+        if replaced is not None:
+            return replaced
     if inst is not None:
         _destroy_attempt(orch, job, inst, f"job {job.name}: attempt {attempt.number} lost ({why[:200]}): destroyed, "
                                           "the job relaunches elsewhere")
     return relaunch(orch, orch.ledger.get_job(job.id), js)
+
+
+def _replace(orch, job, js: JobSpec, attempt, head, node):
+    """Attempt K+1 on attempt K's group with ``node`` replaced alone: one node rented in its place
+    (same offer, rank and name), the checkpoint copy restored on every node, the work started again
+    on the whole group with the same ranks. None (and the job says why) where the survivors cannot
+    be reused: the caller relaunches the whole group."""
+    from orchestrator import groups
+    from orchestrator.jobs import group
+
+    def whole(why: str):
+        note(orch, job, f"the whole group is relaunched: {why}")
+        return None
+
+    if node is None:
+        return whole("no single node was lost (the run itself ended)")
+    if not _config("replace_lost_node", True):
+        return whole("replace_lost_node = false in config.toml")
+    attempts = orch.ledger.attempts(job.id)
+    if _relaunches(attempts) >= job.retries or caps.over_cap(orch, job):
+        return None  # relaunch says why it stops
+    nodes = group.nodes_of(orch, head)
+    survivors = [n for n in nodes if n.id != node.id]
+    problem = group.unusable(orch, survivors)
+    if problem:
+        return whole(problem)
+    key = (record.loads(attempt.offer, {}) or {}).get("key")
+    request = js.request
+    if key and not (request.cpu or request.offer):  # the same offer: the same region (and placement group)
+        request = replace(request, offer=key.split("/", 1)[1])
+    from orchestrator.jobs.plan import Choice
+
+    choice = Choice(attempt.provider, request, f"{attempt.provider}: node {node.node_rank} of {head.group_name} "
+                                                f"replaced alone", key, attempt.price_hr)
+    saved_s = record.loads(attempt.phases, {}).get("provision")
+    per_node = (attempt.price_hr or 0.0) / max(len(nodes), 1)
+    saved = (f"; the {len(survivors)} survivor(s) kept their setup, data and caches (saved ~{saved_s:.0f} s of "
+             f"bring-up each, ~${per_node * len(survivors) * saved_s / 3600:.4f})") if saved_s else ""
+    number = attempts[-1].number + 1
+    job = note(orch, job, f"attempt {number}: node {node.node_rank} ({node.name}) replaced alone{saved}")
+    policy = caps.attempt_policy(orch, job, js, attempt.price_hr)
+
+    def rent(start):
+        fresh = groups.replace_node(orch, orch.ledger.get(node.id), request, policy=policy, ssh_timeout=js.ssh_timeout,
+                                    prepare=js.kind_of().provisioned)
+        ready = group.nodes_of(orch, fresh)
+        start(ready[0])
+        return ready[0]
+
+    try:
+        return launch(orch, job, js, choice, number, rent=rent, name=attempt.instance_name,
+                      kept=frozenset(n.id for n in survivors))
+    except KeyboardInterrupt:
+        raise
+    except OrchError as e:
+        job = orch.ledger.get_job(job.id)
+        if job.state == PLANNED:
+            job = orch.ledger.update_job(job.id, expect=PLANNED, state=RECOVERING)
+        whole(f"the replacement of node {node.node_rank} failed ({_why(e)})")
+        live = next((n for n in group.nodes_of(orch, head) if n.state in states.LIVE), None)
+        if live is not None:
+            _destroy_attempt(orch, job, live, f"job {job.name}: node {node.node_rank} could not be replaced: "
+                                              "the whole group relaunches")
+        return relaunch(orch, orch.ledger.get_job(job.id), js)
 
 
 def _finish(orch, job, js: JobSpec, attempt, inst, run, view: dict):
@@ -466,10 +554,30 @@ def _complete(orch, job, js: JobSpec, attempt, inst, how: str):
             if problem:
                 ended = f"NOT destroyed ({problem})"
     job = record.job_phase(orch, job, "teardown", time.monotonic() - t0)
-    # The checkpoint copies served their purpose: the verified results are in dest.
-    shutil.rmtree(job_dir(orch.home, job.name), ignore_errors=True)
     reason, fields = kind.completed(job, how, dest, f"instance {inst.name} {ended}")
-    return finish_job(orch, job, COMPLETED, reason, **fields)
+    return finish_job(orch, job, COMPLETED, reason + _keep_copies(orch, job, js), **fields)
+
+
+def _keep_copies(orch, job, js: JobSpec) -> str:
+    """The verified results are in runs/NAME: the job's checkpoint copies go, but the newest
+    ``keep_checkpoints`` of a task's checkpoint folder (default 1) stay in jobs/NAME, for a run
+    that continues from them; what the completed job's reason adds (where they are)."""
+    folder = job_dir(orch.home, job.name)
+    keep = getattr(js.work, "keep_checkpoints", 0) if getattr(js.work, "checkpoint", None) else 0
+    kept = record.copies(orch.home, job.name)[-keep:] if keep else []
+    if not kept:
+        shutil.rmtree(folder, ignore_errors=True)
+        return ""
+    for entry in folder.iterdir():
+        if entry.name in {f"ckpt-{k}" for k in kept}:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    where = checkpoint_dir(orch.home, job.name, kept[-1])
+    return (f"; the newest checkpoint copy kept in {where}" if len(kept) == 1 else
+            f"; the newest {len(kept)} checkpoint copies kept in {folder} (newest: {where.name})")
 
 
 def _finish_stopped(orch, job, js: JobSpec, attempt, inst, run):
@@ -487,7 +595,13 @@ def _finish_stopped(orch, job, js: JobSpec, attempt, inst, run):
 def _failed(orch, job, js: JobSpec, attempt, inst, run, view: dict, why: str):
     """The work failed on its own (a command's non-zero exit): what it left comes home, the
     instance is given back, the job failed with why and what came home says (the log's last lines)."""
+    from orchestrator import groups
+    from orchestrator.jobs import group
+
+    why = record.scrub(job, why)  # it may quote a node's log: the job's secrets hidden
     dest = weights_dir(orch.home, job.name)
+    if groups.is_group(inst):  # one node failed: the others' commands end now (they would wait on it)
+        group.end_runs(orch, inst)
     try:
         js.kind_of().bring_home(orch, job, inst, run, dest, view=view, strict=False)
     except OrchError as e:
@@ -521,7 +635,7 @@ def cancel(orch, job, wait: float = 120.0):
         if inst is not None and inst.state in states.LIVE:
             run = orch.ledger.latest_run(inst.id)
             if inst.state == states.READY and run is not None and run.run_dir:
-                _bring_home(orch, job, JobSpec.from_json(job.spec), inst, run, "before cancelling")
+                _bring_home(orch, job, JobSpec.of(job), inst, run, "before cancelling")
             if attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
                 _end_attempt(orch, attempt, STOPPED_BY_JOB, "cancelled by the user")
             problem = _destroy_attempt(orch, job, inst, f"job {job.name} cancelled")

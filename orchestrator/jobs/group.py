@@ -1,14 +1,16 @@
-"""What `orch run --nodes N` adds to a job (``jobs.engine``): one attempt is one group, lost as one.
+"""What `orch run --nodes N` adds to a job (``jobs.engine``): one attempt is one group.
 
 An attempt of a group job rents the group ``NAME-aK`` (nodes ``NAME-aK-0`` ...); its ``attempts``
 row points at the head (rank 0), whose run is the job's run. At every look, besides what ``jobs``
 reads from the head (its state, its training), every other node is checked (``lost_node``): gone,
-stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or its training ended
-with an error. Any of these ends the attempt: the training is ended on every node that still
-answers (a lost peer leaves the others waiting on the process group for hours), the newest intact
-checkpoint is kept (taken from the head where it still loads there), the whole group is destroyed
-and the next attempt rents a fresh group, with the resume copy put on EVERY node (LibreYOLO resumes
-from ``last.pt`` on each). ``--retries`` counts group relaunches; ``--max-cost`` counts every node.
+stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or (a LibreYOLO training)
+its training ended with an error. Any of these ends the attempt: the work is ended on every node
+that still answers (a lost peer leaves the others waiting on the process group for hours) and the
+newest intact checkpoint is kept (taken from the head where it still answers). Then, where the
+other nodes answer (``unusable``), the lost node alone is replaced and attempt K+1 runs on the same
+group (``engine._replace``); else the whole group is destroyed and the next attempt rents a fresh
+one. Either way the checkpoint goes on EVERY node (LibreYOLO resumes from ``last.pt`` on each).
+``--retries`` counts both; ``--max-cost`` counts every machine (``cost``: replaced ones too).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def cost(orch, inst) -> float:
     from orchestrator.cost import instance_cost
 
     return sum(instance_cost(n, orch.ledger.events(n.id), orch.ledger.runs(n.id)).total_usd
-               for n in nodes_of(orch, inst))
+               for n in groups.members(orch.ledger, inst, replaced=True))
 
 
 def hourly(orch, inst) -> float:
@@ -41,9 +43,9 @@ def hourly(orch, inst) -> float:
     return sum(n.price_hr or 0.0 for n in nodes_of(orch, inst) if n.state == states.READY)
 
 
-def lost_node(orch, head, bound_minutes: float) -> str | None:
-    """Why the group of ``head`` is lost through one of its other nodes, or None. A node the
-    provider did not answer for is looked at again next time (nothing is known)."""
+def lost_node(orch, head, bound_minutes: float) -> tuple[str, object] | None:
+    """Why the group of ``head`` is lost through one of its other nodes, and that node; or None. A
+    node the provider did not answer for is looked at again next time (nothing is known)."""
     from playbooks import train
 
     if not groups.is_group(head):
@@ -58,10 +60,10 @@ def lost_node(orch, head, bound_minutes: float) -> str | None:
         if node.state in states.IN_PROGRESS:
             continue
         if node.state != states.READY:
-            return f"node {node.node_rank} ({node.name}) is {node.state}"
+            return f"node {node.node_rank} ({node.name}) is {node.state}", node
         run = orch.ledger.latest_run(node.id)
         if run is None or not run.run_dir:
-            return f"node {node.node_rank} ({node.name}) has no training"
+            return f"node {node.node_rank} ({node.name}) has no training", node
         try:
             with orch.connect(node) as c:
                 raw = train.status(c, run.run_dir, run.pid)
@@ -74,13 +76,36 @@ def lost_node(orch, head, bound_minutes: float) -> str | None:
                 continue
             away = (now - datetime.fromisoformat(since)).total_seconds() / 60
             if away >= bound_minutes:
-                return f"node {node.node_rank} ({node.name}) unreachable for {away:.1f} min ({_why(e)})"
+                return f"node {node.node_rank} ({node.name}) unreachable for {away:.1f} min ({_why(e)})", node
             continue
         if orch.ledger.recall(node.id, "unreachable_since") is not None:
             orch.ledger.remember(node.id, unreachable_since=None)
-        if not raw.get("alive") and any(mark in tail for mark in FAILED_MARKS):
+        if run.model != "command" and not raw.get("alive") and any(mark in tail for mark in FAILED_MARKS):
+            # (a command's exit code is its own verdict: ``kinds.command.read`` fails the job on it)
             last = next((line for line in reversed(tail.splitlines()) if "Error" in line), "")
-            return f"node {node.node_rank} ({node.name}): its training failed ({clean(last, 200)})"
+            return f"node {node.node_rank} ({node.name}): its training failed ({clean(last, 200)})", node
+    return None
+
+
+def unusable(orch, survivors: list) -> str | None:
+    """Why the survivors of a lost node cannot carry on with a replacement, or None: each must be
+    ready at its provider and answer over SSH now."""
+    from orchestrator import remote
+
+    if not survivors:
+        return "no node survived"
+    for node in survivors:
+        try:
+            node = orch.refresh(node)
+        except OrchError as e:
+            return f"{node.provider} did not answer for node {node.node_rank} ({_why(e)})"
+        if node.state != states.READY:
+            return f"node {node.node_rank} ({node.name}) is {node.state} too"
+        try:
+            with orch.connect(node) as c:
+                remote.run(c, "true")
+        except OrchError as e:
+            return f"node {node.node_rank} ({node.name}) does not answer either ({_why(e)})"
     return None
 
 

@@ -35,19 +35,22 @@ class Choice:
 def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Choice:
     """The attempt's offer, from one live listing of each provider asked (the job's copy of epoch
     ``done`` leaves that much less to do); offers in ``avoid`` (a launch there failed) are skipped."""
-    from orchestrator import config, offers, plugins
+    from orchestrator import config, offers, plugins, volume_mounts
 
-    req, kind = js.request, js.kind_of()
+    kind = js.kind_of()
+    # Its volumes (if any) say which provider rents, and only offers where they live are ranked.
+    req, providers, placed = volume_mounts.narrow(orch, js.request, js.volumes, js.nodes, js.providers)
     if req.cpu or req.offer:
-        provider = (js.providers or [None])[0] or plugins.default_provider()
+        provider = (providers or [None])[0] or plugins.default_provider()
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
         if js.nodes > 1:
             what = f"a group of {js.nodes} x {what}"
-        return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)")
+        return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)"
+                      + (f"; {placed}" if placed else ""))
     mode = "spot" if req.spot else "on-demand"
     work = kind.workload(js)  # None: ranked per hour
-    query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=js.providers,
-                         max_price=js.max_price)
+    query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,
+                         max_price=js.max_price, volumes=volume_mounts.volumes_of(req), min_vram=js.min_vram)
     answer = offers.search(orch, query, work, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
@@ -60,6 +63,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     if not rows:
         raise NoCapacity(f"no {mode} offer for {req.gpus}x {req.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}"
+                         + (f" {placed}" if placed else "")
                          + (" (besides those that failed for this job)" if answer.rows else "")
                          + (f"; not asked: {', '.join(n for n, _ in answer.skipped)} (`orch check` says what each "
                             "needs)" if answer.skipped else ""))
@@ -72,6 +76,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     hours = best.hours * left / total if best.hours is not None and total else None
     usd = hours * price if hours is not None and price is not None else None
     line = offers.describe(best, mode) + (f", bid {bid:.3f}" if spot and bid else "")
+    line += f"; {placed}" if placed else ""
     if js.nodes > 1:
         line = f"{js.nodes} nodes of: {line}"
     if total and left != total and usd is not None:

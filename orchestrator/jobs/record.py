@@ -5,7 +5,12 @@ through these, so each has one definition.
 
 Folders: ``$ORCH_HOME/runs/NAME`` (the job's weights: every attempt pulls there), and
 ``$ORCH_HOME/jobs/NAME/ckpt-E`` (the resume copy of epoch E, or copy E of a command's checkpoint
-folder).
+folder). A job's name reaches a path only through these, each checking it as a new name is
+checked: a name from a ledger someone else can write never leads out of ``$ORCH_HOME``.
+
+Text from an instance that got a job's secrets (its log's lines, its errors) is stored and said
+only through ``scrub`` (``text.redact`` with the values this process holds): history lines here,
+the job's reason in ``engine.finish_job``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,21 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orchestrator.errors import UsageError
+
 HISTORY = 50  # history lines a job keeps
+MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
+
+
+def check_job_name(name: str) -> None:
+    """A job's name, new or read back from the ledger: an instance's name (lowercase letters, digits
+    and '-') short enough for its attempts' names."""
+    from orchestrator.lifecycle import check_name
+
+    check_name(name)
+    if len(name) > MAX_NAME:
+        raise UsageError(f"a job name has at most {MAX_NAME} characters (its instances are NAME-a1, NAME-a2, ...), "
+                         f"not {len(name)}")
 
 
 def now() -> datetime:
@@ -35,13 +54,77 @@ def loads(text: str | None, default):
     return value if isinstance(value, type(default)) else default
 
 
-def note(orch, job, text: str, say: bool = True):
-    """One line of the job's history (the last HISTORY are kept), said to whoever is watching."""
+def secret_names(job) -> list[str]:
+    """The names of the secrets the job's command gets (a training gets none), from its stored spec."""
+    work = loads(job.spec, {}).get("command") if job is not None else None
+    names = work.get("secrets") if isinstance(work, dict) else None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def scrub(job, text: str | None) -> str | None:
+    """``text`` with every secret of the job that this process holds hidden (``text.redact``)."""
+    from orchestrator.task import held_secrets
+    from orchestrator.text import redact
+
+    return redact(text, held_secrets(secret_names(job))[0])
+
+
+def tail_lines(text: str, secrets: list[str], lines: int = 10) -> str:
+    """The last lines of a log from an instance, printable, for a failure's reason, every secret in
+    ``secrets`` (names) hidden. Where this process does not hold one of them (a scheduled reaper
+    runs without the user's environment), no line is kept: one could show it."""
+    from orchestrator.task import held_secrets
+    from orchestrator.text import clean, redact
+
+    values, missing = held_secrets(secrets)
+    if missing:
+        return f"(left out: this orch process does not hold {', '.join(missing)}, which they may show)"
+    text = redact(str(text), values)
+    kept = [redact(clean(line, 300), values) or "" for line in text.splitlines()
+            if line.strip() and not line.startswith("[orch] ")]
+    return " | ".join(kept[-lines:])
+
+
+def log_tail(path: Path, secrets: list[str], lines: int = 10) -> str:
+    """``tail_lines`` of a pulled log's last 64 KB."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(size - (64 << 10), 0))
+            data = f.read().decode(errors="replace")
+    except OSError:  # none came home: '' (or, where a secret is not held, why none did)
+        return tail_lines("", secrets, lines)
+    if size > 64 << 10:
+        data = data.partition("\n")[2]  # the first line is cut: a secret's tail could be all there is of it
+    return tail_lines(data, secrets, lines)
+
+
+def note(orch, job, text: str, say: bool = True, once: str | None = None):
+    """One line of the job's history (the last HISTORY are kept), said to whoever is watching; a
+    secret of the job in it is hidden first (``scrub``). ``once``: ``note_once``'s mark."""
+    from orchestrator.text import clean
+
+    text = scrub(job, text)
     history = loads(job.history, [])
-    history = (history + [{"at": now().isoformat(timespec="seconds"), "text": text}])[-HISTORY:]
+    entry = {"at": now().isoformat(timespec="seconds"), "text": text}
+    if once:
+        entry["once"] = once
+    history = (history + [entry])[-HISTORY:]
     if say:
-        orch.say(f"job {job.name}: {text}")
+        orch.say(f"job {clean(job.name, 64)}: {text}")
     return orch.ledger.update_job(job.id, history=json.dumps(history))
+
+
+def note_once(orch, job, text: str, scope: str, say: bool = True):
+    """``note``, unless the same line was already noted in ``scope`` (an attempt's instance name):
+    a look every few seconds must not repeat "not found yet" until the history holds nothing else."""
+    import hashlib
+
+    job = orch.ledger.get_job(job.id)  # the history as it is now: a line noted since is kept
+    mark = hashlib.sha256(f"{scope}\n{scrub(job, text)}".encode()).hexdigest()[:16]
+    if any(isinstance(h, dict) and h.get("once") == mark for h in loads(job.history, [])):
+        return job
+    return note(orch, job, text, say=say, once=mark)
 
 
 def add_phase(phases: dict, key: str, seconds: float | None) -> dict:
@@ -60,12 +143,26 @@ def attempt_phase(orch, attempt, key: str, seconds: float | None):
 
 
 def weights_dir(home: Path, name: str) -> Path:
+    check_job_name(name)
     return Path(home) / "runs" / name
 
 
 def job_dir(home: Path, name: str) -> Path:
+    check_job_name(name)
     return Path(home) / "jobs" / name
 
 
 def checkpoint_dir(home: Path, name: str, epoch: int) -> Path:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise UsageError(f"a checkpoint copy is numbered, not {epoch!r}")
     return job_dir(home, name) / f"ckpt-{epoch}"
+
+
+def copies(home: Path, name: str) -> list[int]:
+    """The numbers of the job's checkpoint copies at home (jobs/NAME/ckpt-K), oldest first."""
+    found = []
+    for d in job_dir(home, name).glob("ckpt-*"):
+        number = d.name[len("ckpt-"):]
+        if number.isdigit() and d.is_dir():
+            found.append(int(number))
+    return sorted(found)

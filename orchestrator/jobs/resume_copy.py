@@ -6,7 +6,10 @@ trained (``pulled_epoch``), read without torch.
 LibreYOLO rewrites ``last.pt`` in place every epoch: a file caught mid-write is torn. So ``take``
 copies it aside on the instance first, asks ``checkpoint.py`` there, pulls the copy verified, and
 keeps it only if the same check says so here (``checkpoint_vet.vet``: a rented machine's answer is
-its own). A copy whose metrics lag its epoch is not kept.
+its own). A copy whose metrics lag its epoch is not kept. A copy that fails the check later (at
+home, before it is uploaded) is forgotten and the attempt starts over at epoch 1, saying why; so
+is a copy an attempt crashed on as it resumed (``crashed_on``), which the next attempt would only
+crash on again until the retries ran out.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ def _stage_on(orch, inst, spec, src: Path, ckpt_epoch: int, drop) -> int | None:
         info = host.script(c, "checkpoint.py", f"{inbox}/weights/last.pt")
         if not info.get("loads"):
             drop(f"the resume copy (epoch {ckpt_epoch}) does not load on {inst.name} "
-                 f"({clean(info.get('error'), 200)}): torn, not resumed from; attempt starts over at epoch 1")
+                 f"({clean(info.get('error'), 200)}): not resumed from; attempt starts over at epoch 1")
             return None
         epoch = info.get("epoch")
         if not isinstance(epoch, int) or isinstance(epoch, bool):
@@ -168,7 +171,7 @@ def take(orch, job, inst, run) -> tuple[int | None, str | None]:
                 return None, f"no last.pt on {inst.name} yet"
             info = host.script(c, "checkpoint.py", f"{snap}/weights/last.pt")
             if not info.get("loads"):
-                return None, f"last.pt on {inst.name} does not load ({clean(info.get('error'), 200)}): torn, not kept"
+                return None, f"last.pt on {inst.name} does not load ({clean(info.get('error'), 200)}): not kept"
             epoch = info.get("epoch")
             if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 < epoch <= 100_000:
                 return None, f"last.pt on {inst.name} holds no epoch"
@@ -203,6 +206,26 @@ def take(orch, job, inst, run) -> tuple[int | None, str | None]:
     if old is not None and old != epoch:
         shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
     return epoch, None
+
+
+def crashed_on(orch, job, attempt, why: str):
+    """The job after attempt ``attempt`` was lost for ``why``. An attempt that resumed from the
+    job's copy and whose run crashed before it trained a single epoch from it (LibreYOLO loads the
+    checkpoint before its first status.json) may have crashed on the copy itself: a checkpoint
+    LibreYOLO's own inspection refuses at its resume. The copy is forgotten, so the next attempt
+    starts over at epoch 1 rather than crash on it again until the retries run out. A lost machine
+    (preempted, gone, unreachable) says nothing against the copy, nor a run that trained from it."""
+    job = orch.ledger.get_job(job.id)
+    copy = job.checkpoint_epoch
+    if not copy or attempt.start_epoch != copy + 1 or not why.startswith(("training crashed", "training failed")):
+        return job
+    run = orch.ledger.get_run(attempt.run_id) if attempt.run_id is not None else None
+    if run is not None and run.completed_epochs:
+        return job
+    shutil.rmtree(checkpoint_dir(orch.home, job.name, copy), ignore_errors=True)
+    job = orch.ledger.update_job(job.id, checkpoint_epoch=None)
+    return note(orch, job, f"attempt {attempt.number} crashed as it resumed from the copy of epoch {copy}, before it "
+                           "trained an epoch: the copy is forgotten and the next attempt starts over at epoch 1")
 
 
 def adopt(orch, job, folder: Path):

@@ -4,25 +4,73 @@ what a user submits (``Submission``)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.jobs.record import MAX_NAME, check_job_name  # noqa: F401  (the rule: where names make folders)
 from orchestrator.provider import Request
 
 MAX_RETRIES = 20
-MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
 MAX_GROUP_JOB_NAME = 33  # a group attempt's nodes are NAME-aK-R: 40 characters at most (K <= 21, R <= 63)
 
 
-def check_job_name(name: str) -> None:
-    from orchestrator.lifecycle import check_name
+_PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_TAR = re.compile(r"[0-9a-f]{16}\.tar")  # training.prepare's name for a packed dataset: its hash
 
-    check_name(name)
-    if len(name) > MAX_NAME:
-        raise UsageError(f"a job name has at most {MAX_NAME} characters (its instances are NAME-a1, NAME-a2, ...), "
-                         f"not {len(name)}")
+
+def _refused(spec: JobSpec) -> None:
+    """What ``from_json`` holds a stored spec to beyond its types: the kind's own check (a command:
+    ``task.check_stored``; a training: its packed data taken from orch's cache alone), and the
+    rest of the row as a submission makes it."""
+    from orchestrator import config, task
+
+    def number(value, key, low, high, kind=(int, float), none=True) -> None:
+        if value is None and none:
+            return
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            raise UsageError(f"the job's stored spec is refused: {key} {value!r} is not from {low} to {high}")
+
+    cache = config.home() / "cache"
+    if spec.kind == "command":
+        task.check_stored(spec.work, cache)
+    elif spec.kind == "train":
+        work = spec.work
+        if work.local_tar is not None:
+            if not _TAR.fullmatch(work.local_tar.name):
+                raise UsageError("the job's stored spec is refused: its packed dataset is not one orch made "
+                                 "(HASH.tar in its cache)")
+            work.local_tar = cache / work.local_tar.name
+        if work.dataset_name is not None and (not isinstance(work.dataset_name, str) or
+                                              not re.fullmatch(r"ds-[0-9a-f]{16}", work.dataset_name)):
+            raise UsageError("the job's stored spec is refused: its dataset name is not one orch gives")
+    providers = spec.providers
+    if providers is not None and (not isinstance(providers, list)
+                                  or not all(isinstance(p, str) and _PROVIDER.fullmatch(p) for p in providers)):
+        raise UsageError("the job's stored spec is refused: its providers are not provider names")
+    if not isinstance(spec.policy, str):
+        raise UsageError("the job's stored spec is refused: its policy is not text")
+    number(spec.nodes, "nodes", 1, 64, int, none=False)
+    number(spec.ssh_timeout, "ssh_timeout", 1, 1e6)
+    number(spec.images, "images", 0, 1 << 40, int)
+    number(spec.max_price, "max_price", 1e-9, 10_000)
+    number(spec.min_vram, "min_vram", 1e-9, 4096)
+    if spec.volumes is not None:  # names and paths as `orch run` checks them
+        from orchestrator import volume_uses
+
+        if not isinstance(spec.volumes, list) or not all(isinstance(u, dict) for u in spec.volumes):
+            raise UsageError("the job's stored spec is refused: its volumes are not a list of mappings")
+        try:
+            uses = [volume_uses.Use.from_dict(u) for u in spec.volumes]
+        except KeyError as e:
+            raise UsageError(f"the job's stored spec is refused: a volume without its {e}") from None
+        for u in uses:
+            volume_uses.check_volume_name(u.name, u.per_node, "the job's stored spec")
+            if volume_uses.check_path(u.path, "the job's stored spec") != u.path:
+                raise UsageError("the job's stored spec is refused: a volume path is not as orch writes it")
+        volume_uses.check_uses(uses, "the job's stored spec")
 
 
 def attempt_name(job_name: str, number: int) -> str:
@@ -45,6 +93,10 @@ class JobSpec:
     images: int | None = None  # training images, for the estimate
     nodes: int = 1  # machines per attempt: a group (``jobs.group``)
     max_price: float | None = None  # $/hr: offers above it are not ranked
+    min_vram: float | None = None  # GB per GPU: offers with less are not ranked
+    # What it mounts (``volume_uses.Use`` as dicts: names and paths): placed again at each plan, so a
+    # relaunch goes where the volumes are (``volume_mounts.narrow``).
+    volumes: list[dict] | None = None
 
     def to_json(self) -> str:
         from orchestrator.jobs.kinds import KINDS
@@ -52,23 +104,50 @@ class JobSpec:
         req = asdict(self.request)
         req.pop("env", None)  # never stored: nothing secret in the ledger
         req.pop("quote", None)  # a plan's live offer belongs to one launch
+        req.pop("mounts", None), req.pop("node_mounts", None)  # placed at each plan from ``volumes``
         work = KINDS[self.kind].dump(self.work)
         return json.dumps({"train": None, self.kind: work, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
-                           "nodes": self.nodes, "max_price": self.max_price}, sort_keys=True)
+                           "nodes": self.nodes, "max_price": self.max_price, "volumes": self.volumes,
+                           "min_vram": self.min_vram},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
+        """The spec a job row holds, checked as strictly as when it was made (``_refused``): a shared
+        ledger is input too, and whatever it says is sent, written and deleted by the reaper of
+        whoever reads it. UsageError says what is wrong; nothing is acted on."""
         from orchestrator.jobs.kinds import KINDS
 
-        d = json.loads(text)
+        try:
+            d = json.loads(text)
+        except (TypeError, ValueError, RecursionError):
+            raise UsageError("the job's stored spec is not JSON") from None
+        if not isinstance(d, dict):
+            raise UsageError("the job's stored spec is not a mapping")
         kind = next((key for key in KINDS if d.get(key)), None)
         if kind is None:
             raise UsageError("the job's stored spec names no kind this orch knows")
-        request = {k: v for k, v in d["request"].items() if k in Request.__dataclass_fields__}
-        return cls(kind=kind, work=KINDS[kind].load(d[kind]), request=Request(**request),
-                   providers=d.get("providers"), ssh_timeout=d.get("ssh_timeout"), policy=d.get("policy") or "{}",
-                   images=d.get("images"), nodes=d.get("nodes") or 1, max_price=d.get("max_price"))
+        if not isinstance(d[kind], dict) or not isinstance(d.get("request"), dict):
+            raise UsageError("the job's stored spec is not a mapping")
+        request = {k: v for k, v in d["request"].items() if k in Request.__dataclass_fields__
+                   and k not in ("quote", "mounts", "node_mounts")}  # mounts: placed at each plan
+        try:
+            spec = cls(kind=kind, work=KINDS[kind].load(d[kind]), request=Request(**request),
+                       providers=d.get("providers"), ssh_timeout=d.get("ssh_timeout"),
+                       policy=d.get("policy") or "{}", images=d.get("images"), nodes=d.get("nodes") or 1,
+                       max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"))
+        except (TypeError, ValueError, AttributeError) as e:
+            raise UsageError(f"the job's stored spec is refused: {e}") from None
+        _refused(spec)
+        return spec
+
+    @classmethod
+    def of(cls, job) -> JobSpec:
+        """A job row's spec, its name checked first with the rule every new name meets (it names the
+        job's folders at home: ``../../victim`` is refused, never joined to a path)."""
+        check_job_name(job.name)
+        return cls.from_json(job.spec)
 
     def kind_of(self):
         """The job kind that runs this spec (``jobs.kinds``)."""

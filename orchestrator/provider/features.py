@@ -5,7 +5,7 @@ must write, and whose type is the capability (``isinstance(p, Stoppable)``), as 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from orchestrator.provider.model import Offer, Remote, Request, Volume
 
@@ -66,7 +66,8 @@ class RentsGroups(ABC):
         try:
             for request, label in zip(requests, labels):
                 made.append(self.create(request, label, public_key))  # type: ignore[attr-defined]
-        except BaseException:
+        except BaseException as e:
+            e.node_rank = len(made)  # which node failed, for the caller's message
             for remote in made:
                 try:
                     self.destroy(remote.provider_id)  # type: ignore[attr-defined]
@@ -74,6 +75,15 @@ class RentsGroups(ABC):
                     pass
             raise
         return made
+
+    def sweep_groups(self, live_groups: Callable[[], set[str]]) -> list[str]:
+        """What the provider still holds for groups that have no live node any more, given back
+        (``live_groups()``: the groups the ledger holds a live node of; ask it only when the provider
+        holds something for a group, so that a quiet reaper pass reads nothing more). Returns what
+        was removed; raises when something could not be (reconcile tries again at its next pass).
+        Nodes end one by one (the reaper, the watchdog, a preemption) without ``close_group``;
+        reconcile calls this at every pass. Nothing by default: a provider that keeps nothing per group."""
+        return []
 
 
 class HasVolumes(ABC):
@@ -102,6 +112,24 @@ class HasVolumes(ABC):
     @abstractmethod
     def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
         """Whether an instance rented from ``offer`` can mount ``volume`` (same place)."""
+
+    def mount_steps(self, mounts) -> list:
+        """What makes each of ``mounts`` (the ``Request.mounts`` its create attached) ready on the
+        instance, for ``playbooks.volumes.prepare`` to run over SSH once SSH answers and before
+        anything else runs there (and again after every start). By default the create mounted
+        each at its path: only checked."""
+        from playbooks.volumes import Present
+
+        return [Present(m.path) for m in mounts]
+
+    def mount_path_problem(self, path: str) -> str | None:
+        """Why a volume cannot be mounted at ``path`` on this provider's instances (said before
+        anything is made); None: it can. By default an absolute path, not ``/`` itself."""
+        import posixpath
+
+        if not path.startswith("/") or posixpath.normpath(path) in ("/", "//") or "/../" in path + "/":
+            return f"a volume mounts at an absolute path such as /data, not {path!r}"
+        return None
 
 
 def can_stop(provider, spot: bool) -> bool:

@@ -28,6 +28,12 @@ class JustMade:
         with self._lock:
             self._made.pop(str(provider_id), None)
 
+    def never_seen(self, provider_id: str) -> bool:
+        """Made by this process and not shown by the provider since, however long ago: its absence
+        from a lookup is no proof that it is gone (a destroy still sends the terminate)."""
+        with self._lock:
+            return str(provider_id) in self._made
+
     def unseen(self, provider_id: str) -> Remote | None:
         """What to say of an instance the provider does not show: pending within the grace of this
         process's own create of it, until the provider first shows it; None otherwise (gone)."""

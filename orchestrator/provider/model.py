@@ -32,6 +32,24 @@ def parse_label(label: str | None) -> tuple[str, str] | None:
     return (m["id"], m["name"]) if m else None
 
 
+# A volume's provider-side name: orch's tag, "vol", orch's name for it (what ``orch volume create``
+# was given). Names at the providers are letters, digits and hyphens (Lambda's filesystems:
+# ``^[a-zA-Z]+[0-9a-zA-Z-]*$``, at most 60); Vast.ai's are letters, digits and underscores, and its
+# provider writes each hyphen as an underscore (``providers/vastai/volumes``).
+_VOLUME = re.compile(rf"{TAG}-vol-(?P<name>[a-z0-9][a-z0-9-]{{0,39}})")
+
+
+def volume_label(name: str) -> str:
+    """The provider-side name of orch's volume ``name``."""
+    return f"{TAG}-vol-{name}"
+
+
+def parse_volume_label(label: str | None) -> str | None:
+    """orch's name of a volume from its provider-side name, or None when it is not orch's."""
+    m = _VOLUME.fullmatch(label or "")
+    return m["name"] if m else None
+
+
 def key_name(public_key: str) -> str:
     """The name orch gives its SSH key in a provider account that holds keys: ``orch-`` and its
     fingerprint, so another key never collides with it."""
@@ -116,6 +134,9 @@ class Request:
     # Volumes to mount on the machine before anything runs on it (`--volume NAME:PATH`, a task's
     # ``volumes:``); the create attaches them where the provider attaches at launch.
     mounts: tuple["Mount", ...] = ()
+    # A group's nodes, rank order, where each mounts volumes of its own (one per node, ``NAME-R``):
+    # ``groups`` gives node R ``node_mounts[R]`` as its ``mounts``. Empty: every node mounts ``mounts``.
+    node_mounts: tuple[tuple["Mount", ...], ...] = ()
 
 
 @dataclass
@@ -134,6 +155,10 @@ class Remote:
     spot: bool = False
     preempted: bool = False  # stopped or ended by the provider's spot market, not by anyone's request
     detail: str = ""  # the provider's own word for its state ("exited", "offline", ...)
+    # What the instance's own watchdog told the provider as it stopped or ended it (its reason),
+    # where the provider keeps such a word; "" otherwise. Only this (or the watchdog's state file
+    # read by orch) lets the ledger blame the watchdog: a stop is never inferred to be its.
+    ended_by: str = ""
     since: float | None = None  # when it entered that state, epoch seconds, where the provider says
     private_ip: str | None = None  # where the other nodes of its group reach it (a private network)
     raw: dict[str, Any] = field(default_factory=dict)
@@ -183,8 +208,10 @@ class Volume:
 
 @dataclass(frozen=True)
 class Mount:
-    """A volume and the absolute path it is mounted at on the instance."""
+    """A volume and the path it is mounted at on the instance: absolute, or ``~/...`` in the
+    instance's home where the provider takes one there (``HasVolumes.mount_path_problem``)."""
 
     volume: Volume
     path: str
+    as_name: str = ""  # the name the task used for it (a per-node volume's base name); "": the volume's own
 

@@ -34,13 +34,25 @@ def read(include_ended: bool) -> tuple[list[dict], dict]:
 
 def show(include_ended: bool, as_json: bool, refreshed: bool = False) -> None:
     rows, meta = read(include_ended)
+    mounted = attached()
     if as_json:
+        for r in rows:  # what each instance mounts (``orch volume``): [] for most
+            r["volumes"] = [{"volume": v["volume"], "path": v["path"]} for v in mounted.get(r["id"], [])]
         print(json.dumps(rows, indent=2, sort_keys=True, default=str))
         return
     sys.stdout.write(table(rows))
+    for found in sorted(mounted.values(), key=lambda f: f[0]["instance"]):
+        print(f"{found[0]['instance']} mounts " + ", ".join(f"volume {v['volume']} at {v['path']}" for v in found))
     print(reconcile_note(meta.get(META_KEYS[0]), meta.get(META_KEYS[1])))
     if rows and not refreshed:
         print("states as the ledger last saw them: `orch status --refresh` asks each provider now")
+
+
+def attached() -> dict[str, list[dict]]:
+    """Instance id -> the volumes it mounts, read as the fleet is (no SQLAlchemy on SQLite)."""
+    from orchestrator import config, volume_snapshot, volumes
+
+    return volumes.attached(volume_snapshot.Unopened(config.database_url()))
 
 
 def table(rows: list[dict]) -> str:

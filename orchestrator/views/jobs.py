@@ -52,6 +52,7 @@ def kind_of(job):
 
 def job_dict(orch, job) -> dict:
     """A job as ``orch jobs --json`` shows it (keys are only ever added)."""
+    from orchestrator import ledger_schedules
     from orchestrator.views.instances import iso
 
     attempts = orch.ledger.attempts(job.id)
@@ -68,7 +69,50 @@ def job_dict(orch, job) -> dict:
             "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
             "keep": job.keep, "weights": job.weights, "plan": record.loads(job.plan, {}), "nodes": job.nodes,
             "phases": phases(job, attempts), "history": record.loads(job.history, []),
+            "schedule": ledger_schedules.of_jobs(orch.ledger, [job.id]).get(job.id),  # the schedule that started it
+            "node_progress": node_progress(orch, job, current, kind),
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}
+
+
+def node_progress(orch, job, attempt, kind) -> list[dict]:
+    """Each node of a group attempt (rank order), as the ledger has it: its instance's state, its
+    run's, a command's exit code, a training's epoch (rank 0 reports it for the group, whose ranks
+    move in step), since when it has not answered. [] for one machine."""
+    from orchestrator import groups
+    from orchestrator.jobs.kinds.command import recorded_exit
+
+    inst = orch.ledger.get(attempt.instance_id) if attempt is not None and attempt.instance_id else None
+    if not groups.is_group(inst):
+        return []
+    out = []
+    for node in groups.members(orch.ledger, inst):
+        run = orch.ledger.latest_run(node.id)
+        code, _ = recorded_exit(run) if run is not None else (None, None)
+        away = orch.ledger.recall(node.id, "unreachable_since")
+        state = run.state if run is not None else None
+        if code is not None:  # a node's exit is recorded on its run's args; only the head's row is read for its state
+            state = "completed" if code == 0 else "failed"
+        out.append({"rank": node.node_rank, "instance": node.name, "instance_state": node.state,
+                    "run_state": state, "exit_code": code,
+                    "epoch": job.epoch if kind is not None and kind.key == "train" else None,
+                    "unreachable_since": away if isinstance(away, str) else None})
+    return out
+
+
+def node_lines(d: dict) -> list[str]:
+    """One line per node of a group job: what `orch jobs show` and `--wait` print."""
+    lines = []
+    for n in d.get("node_progress") or []:
+        parts = [n["instance_state"]]
+        if n["run_state"]:
+            parts.append(("command " if d.get("kind") == "command" else "training ") + n["run_state"]
+                         + (f" (exit {n['exit_code']})" if n["exit_code"] is not None else ""))
+        if n["epoch"]:
+            parts.append(f"epoch {n['epoch']}/{d.get('epochs') or '?'}")
+        if n["unreachable_since"]:
+            parts.append(f"not answering since {clean(n['unreachable_since'], 40)}")
+        lines.append(f"  node {n['rank']}   {n['instance']}: " + ", ".join(parts))
+    return lines
 
 
 def progress_line(d: dict) -> str:
@@ -94,13 +138,16 @@ def progress_line(d: dict) -> str:
 def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None = None):
     """--wait: a look every ``interval`` seconds, a line whenever it changes, until the job ends."""
     say = say or orch.say
-    last = ""
+    last: list[str] = []
     while True:
         job = jobs.advance(orch, job)
-        line = progress_line(job_dict(orch, job))
-        if line != last:
-            say(f"      {line}")
-            last = line
+        d = job_dict(orch, job)
+        lines = [progress_line(d), *node_lines(d)]  # a group: each node's progress on a line of its own
+        if lines != last:
+            for line in lines:
+                if line not in last:
+                    say(f"      {line}")
+            last = lines
         if job.state in jobs.ENDED:
             return job
         time.sleep(interval)

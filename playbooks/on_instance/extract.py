@@ -52,11 +52,17 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
                 m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
                 m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
             tar.extractall(dest, members=members)
-    root = dest / tops.pop()
+    return point(dest / tops.pop(), tar_path)
+
+
+def point(root, what):
+    """The dataset's one data.yaml under ``root``, its ``path:`` set to ``root`` as it is now (a
+    dataset staged on a volume is pointed again wherever the volume is mounted this time)."""
+    root = Path(root)
     found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
     found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
     if len(found) != 1:
-        raise SystemExit(f"{tar_path}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
+        raise SystemExit(f"{what}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
     data_yaml = found[0]
     text = data_yaml.read_text()
     try:

@@ -4,13 +4,15 @@ concern, as SkyPilot's ``sky/provision/aws/``)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from orchestrator.errors import NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.provider import (Capabilities, Offer, Provider, Remote, RentsGroups, Request, SelfEnding, Status,
                                    Stoppable)
+from orchestrator.provider.features import HasVolumes
 from orchestrator.provider.grace import JustMade
-from providers.aws import groups, instances, launch, network, self_stop
+from orchestrator.provider.model import Volume
+from providers.aws import groups, instances, launch, network, self_stop, volumes
 from providers.aws.instances import provider_id, split_id
 from providers.aws.offers import check_request, list_offers
 from providers.aws.session import AWSError, Session, aws, credentials_found
@@ -22,8 +24,11 @@ from providers.aws.settings import check as check_settings
 VISIBILITY_GRACE_S = 120.0
 
 
-class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups):
+class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups, HasVolumes):
     name = "aws"
+    # EBS gp3 (``volumes``): one zone, one instance at a time, 1 GiB to 16 TiB (EBS User Guide, "Amazon
+    # EBS volume types": gp3 volume size).
+    volume_place, shared_volumes, min_volume_gb, max_volume_gb = "zone", False, 1, 16384
     capabilities = Capabilities(spot=True, cpu_only=True, gpu=True)
     env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION",
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
@@ -61,9 +66,10 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups):
 
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         self.validate(request)
-        chosen = launch.plan(self.session, request)
-        made = launch.launch(self.session, chosen, request, label, public_key)
+        chosen = volumes.place(launch.plan(self.session, request), request)  # in the zone of its volumes
+        [made] = launch.launch(self.session, chosen, [request], [label], public_key)
         self.just_made.made(provider_id(made["InstanceId"], chosen.region))
+        volumes.attach(self, made, chosen.region, request.mounts)  # once it runs; ends it should one fail
         return self._remote(made, chosen.region)
 
     def get(self, provider_id: str) -> Remote:
@@ -128,8 +134,69 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups):
     def close_group(self, group: str) -> None:
         groups.close_group(self.session, group)
 
+    def create_nodes(self, requests: list[Request], labels: list[str], public_key: str) -> list[Remote]:
+        """A group's nodes in one ``run_instances`` with ``MinCount=MaxCount=N`` (``launch``): EC2
+        makes all of them in one zone (and cluster placement group) or none. Each is then tagged
+        with its own node's label and rank; should that fail, every instance the launch made is
+        terminated before the error goes on. Nodes with volumes to attach are made one by one: an EBS
+        volume is one instance's, attached once that instance runs (``volumes.attach``)."""
+        if len(requests) < 2 or any(r.mounts for r in requests):
+            return super().create_nodes(requests, labels, public_key)
+        self.validate(requests[0])
+        chosen = launch.plan(self.session, requests[0])
+        made = launch.launch(self.session, chosen, requests, labels, public_key)
+        ids = [provider_id(m["InstanceId"], chosen.region) for m in made]
+        for pid in ids:
+            self.just_made.made(pid)
+        try:
+            if len(made) != len(requests):
+                raise ProviderError(f"AWS launched {len(made)} instances for a group of {len(requests)} nodes")
+            named = launch.label_nodes(self.session, chosen.region, made, labels)
+        except BaseException:
+            self._give_back(ids)
+            raise
+        return [self._remote(m, chosen.region) for m in named]
+
+    def _give_back(self, ids: list[str]) -> None:
+        """Terminate what a group's failed create made, at once; best effort (the caller looks each
+        label up again, and reconcile adopts anything left)."""
+        if not ids:
+            return
+        region = split_id(ids[0])[1]
+        try:
+            with aws(f"terminate_instances of {len(ids)} in {region}"):
+                self.session.ec2(region).terminate_instances(InstanceIds=[split_id(i)[0] for i in ids])
+        except ProviderError:
+            pass
+        for pid in ids:
+            try:
+                self.destroy(pid)
+            except ProviderError:
+                pass
+
+    def sweep_groups(self, live_groups: Callable[[], set[str]]) -> list[str]:
+        """Every region orch looks in: the security groups and placement groups of groups with no
+        live node, deleted (``groups.sweep``)."""
+        return groups.sweep(self.session, live_groups)
+
     def account_key(self, public_key: str) -> str:
         return network.account_key(self.session, public_key)
+
+    # -- HasVolumes: EBS (``volumes``) ------------------------------------------------------
+    def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
+        return volumes.create(self.session, name, size_gb, where, self.poll_seconds)
+
+    def list_volumes(self) -> list[Volume]:
+        return volumes.list_all(self.session)
+
+    def delete_volume(self, volume: Volume) -> None:
+        volumes.delete(self.session, volume)
+
+    def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
+        return volumes.reaches(offer, volume)
+
+    def mount_steps(self, mounts) -> list:
+        return volumes.mount_steps(mounts)
 
     # -- helpers ----------------------------------------------------------------------------
     def _remote(self, inst: dict, region: str) -> Remote:

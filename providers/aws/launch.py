@@ -1,6 +1,15 @@
 """A create, in two steps: the plan (which type, in which region, tried in which zones at which
 price) and the launch (the AMI, key pair and security groups there, then ``run_instances`` in each
-place in turn until one has capacity).
+place in turn until one has capacity). Spot and on-demand alike walk the zones: EC2 does not move a
+launch refused for capacity in one zone to another by itself.
+
+A group's nodes are one ``run_instances`` with ``MinCount=MaxCount=N`` (botocore's EC2 model,
+RunInstances MinCount: "If you specify a value that is more capacity than Amazon EC2 can provide in
+the target Availability Zone, Amazon EC2 does not launch any instances"): all or none, in one zone; and
+one request for all the instances a cluster placement group needs, as the EC2 User Guide recommends
+("Placement strategies", cluster), so the group lands on hardware that has room for all of them.
+SkyPilot's AWS provisioner (sky/provision/aws/instance.py, ``_create_instances``) launches a cluster's
+nodes the same way, trying each zone in turn, and then tags each node for its role.
 
 A plan's offer, where it chose one (``Request.quote``), is rented as it was listed: its type, its
 region, its prices and its zones by spot price come from that listing, and nothing is listed again.
@@ -22,7 +31,7 @@ from providers.aws.instances import LABEL_TAG
 from providers.aws.network import ensure_key, ensure_ssh_group
 from providers.aws.offers import list_offers, offer_type
 from providers.aws.prices import by_price, price_table, zones_by_price
-from providers.aws.session import QUOTA, AWSError, QuotaExceeded, Session, aws, quota_line
+from providers.aws.session import QUOTA, UNSUPPORTED, AWSError, QuotaExceeded, Session, aws, quota_line
 
 DEFAULT_CPU_TYPE = "m6i.large"
 
@@ -33,8 +42,8 @@ class Plan:
     itype: str
     gpu_name: str | None
     gpus: int
-    # Where to try, cheapest first: (zone, $/hr) for each zone with a live spot price, or
-    # (None: EC2's choice, the on-demand price) on demand.
+    # Where to try, cheapest first: (zone, $/hr) for each zone with a live spot price; on demand, each
+    # zone that offers the type at the on-demand price (None: EC2's choice, where none is known).
     places: list[tuple[str | None, float | None]]
     max_price: float | None = None  # the user's --bid for the whole machine, spot only
 
@@ -85,7 +94,8 @@ def plan(session: Session, request: Request) -> Plan:
     region, itype, gpu_name, gpus = _quoted(session, request, quote) if quote else choose(session, request)
     if not request.spot:
         price = quote.price_hr if quote else price_table(session.settings, region)[0].get(itype)
-        return Plan(region, itype, gpu_name, gpus, [(None, price)])
+        return Plan(region, itype, gpu_name, gpus, [(z, price) for z in zones_offering(session, region, itype)]
+                    or [(None, price)])
     zones = (quote.raw or {}).get("spot_zones") if quote else None
     if isinstance(zones, dict):  # the quote's listing read them: no second look at the market
         places: list[tuple[str | None, float | None]] = list(by_price(
@@ -103,8 +113,23 @@ def plan(session: Session, request: Request) -> Plan:
     return Plan(region, itype, gpu_name, gpus, places, max_price)
 
 
-def launch(session: Session, chosen: Plan, request: Request, label: str, public_key: str) -> dict:
-    """The instance EC2 made (run_instances' answer), in the first of the plan's places that has capacity."""
+def zones_offering(session: Session, region: str, itype: str) -> list[str]:
+    """The zones of ``region`` where EC2 offers ``itype`` (DescribeInstanceTypeOfferings, location type
+    availability-zone), in name order: where an on-demand create tries, one after another."""
+    zones = set()
+    with aws(f"describe_instance_type_offerings of {itype} in {region}"):
+        pages = session.ec2(region).get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [itype]}])
+        for page in pages:
+            zones.update(o["Location"] for o in page.get("InstanceTypeOfferings", []) if o.get("Location"))
+    return sorted(zones)
+
+
+def launch(session: Session, chosen: Plan, requests: list[Request], labels: list[str], public_key: str) -> list[dict]:
+    """The instances EC2 made (run_instances' answer, in launch-index order), all ``len(requests)`` of
+    them in one request, in the first of the plan's places that has capacity for them all. A group's
+    instances are labelled and ranked as its first node until ``label_nodes`` names each."""
+    request, label, count = requests[0], labels[0], len(requests)
     region = chosen.region
     session.remember_region(region)
     image = find_image(session, region, request.image)
@@ -115,19 +140,43 @@ def launch(session: Session, chosen: Plan, request: Request, label: str, public_
             ensure_ssh_group(session, region)
     key = ensure_key(session, region, public_key)
     group = ensure_ssh_group(session, region)
-    refusals = []
-    # A spot create goes to the cheapest zone, and on a capacity error to the next zone by price (as
-    # dstack's AWS backend moves on through its offers).
+    full, unsupported = [], []
+    # A create goes to the first zone (a spot one: the cheapest), and on a capacity error (or a zone
+    # that does not support the request) to the next (as dstack's AWS backend moves on through its offers).
     for i, (zone, price) in enumerate(chosen.places):
         # ``run_instances`` carries the orch label as its ClientToken: a create repeated after an error
-        # returns the instance the first one made instead of a second one (EC2 API, "Ensuring idempotency").
+        # returns the instances the first one made instead of more (EC2 API, "Ensuring idempotency").
         args = run_args(session, chosen, request, label, image, disk, key, group, zone, price,
                         token=label if i == 0 else f"{label}-{_short(zone)}")
+        args["MinCount"] = args["MaxCount"] = count
         try:
             return run(session, chosen, request, zone, args)
-        except NoCapacity as e:  # that zone is out: the next one by price
-            refusals.append(f"{zone or region}: {e}")
-    raise NoCapacity(f"AWS has no capacity for {chosen.itype} in {region} now ({'; '.join(refusals)})")
+        except NoCapacity as e:  # that zone is out: the next one
+            full.append(f"{zone or region}: {e}")
+        except AWSError as e:
+            if e.code != UNSUPPORTED:
+                raise
+            unsupported.append(f"{zone or region}: {e}")
+    what = f"{count} x {chosen.itype}" if count > 1 else chosen.itype
+    if full:
+        raise NoCapacity(f"AWS has no capacity for {what} in {region} now ({'; '.join(full + unsupported)})")
+    raise AWSError(f"AWS does not support this request for {what} in any zone of {region} "
+                   f"({'; '.join(unsupported)})", code=UNSUPPORTED)
+
+
+def label_nodes(session: Session, region: str, made: list[dict], labels: list[str]) -> list[dict]:
+    """Each instance of a group's one launch named as its node: its own label (``find`` finds it by
+    that) and rank, in launch-index order. Returns the instances as they are tagged now."""
+    ec2 = session.ec2(region)
+    named = []
+    for rank, (inst, label) in enumerate(zip(made, labels)):
+        tags = {"Name": label, LABEL_TAG: label, "orch:rank": str(rank)}
+        if rank:  # the first keeps the tags it was launched with
+            with aws(f"create_tags on {inst['InstanceId']} in {region}"):
+                ec2.create_tags(Resources=[inst["InstanceId"]], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+        kept = [t for t in inst.get("Tags") or [] if t.get("Key") not in tags]
+        named.append({**inst, "Tags": kept + [{"Key": k, "Value": v} for k, v in tags.items()]})
+    return named
 
 
 def run_args(session: Session, chosen: Plan, request: Request, label: str, image: dict, disk: int, key: str,
@@ -164,11 +213,13 @@ def run_args(session: Session, chosen: Plan, request: Request, label: str, image
     return args
 
 
-def run(session: Session, chosen: Plan, request: Request, zone: str | None, args: dict[str, Any]) -> dict:
-    """One run_instances; a quota refusal is one line naming the quota."""
+def run(session: Session, chosen: Plan, request: Request, zone: str | None, args: dict[str, Any]) -> list[dict]:
+    """One run_instances, its instances in launch-index order; a quota refusal is one line naming the quota."""
     try:
-        with aws(f"run_instances of {chosen.itype} in {zone or chosen.region}"):
-            return session.ec2(chosen.region).run_instances(**args)["Instances"][0]
+        count = int(args["MinCount"])
+        with aws(f"run_instances of {f'{count} x ' if count > 1 else ''}{chosen.itype} in {zone or chosen.region}"):
+            made = session.ec2(chosen.region).run_instances(**args)["Instances"]
+        return sorted(made, key=lambda i: int(i.get("AmiLaunchIndex") or 0))
     except AWSError as e:
         if e.code in QUOTA:
             raise QuotaExceeded(quota_line(e.code, chosen.itype, chosen.region, request.spot), code=e.code) from None

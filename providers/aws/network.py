@@ -60,18 +60,7 @@ def ensure_ssh_group(session: Session, region: str) -> str:
     ec2 = session.ec2(region)
     name = str(session.settings.get("security_group") or SECURITY_GROUP)
     cidr = str(session.settings.get("ssh_cidr") or "0.0.0.0/0")
-    vpc = default_vpc(session, region)
-    group = _group(ec2, region, name, vpc)
-    if group is None:
-        try:
-            with aws(f"create_security_group {name} in {region}"):
-                ec2.create_security_group(GroupName=name, VpcId=vpc, Description="orch: SSH (port 22) only")
-        except AWSError as e:
-            if e.code != "InvalidGroup.Duplicate":  # another orch made it meanwhile: use that one
-                raise
-        group = _group(ec2, region, name, vpc)
-        if group is None:
-            raise ProviderError(f"security group {name} in {region} was made but cannot be found: try again")
+    group = security_group(session, region, name, "orch: SSH (port 22) only")
     extra = [p for p in group.get("IpPermissions", [])
              if not (p.get("IpProtocol") == "tcp" and p.get("FromPort") == 22 and p.get("ToPort") == 22)]
     if extra:
@@ -79,17 +68,45 @@ def ensure_ssh_group(session: Session, region: str) -> str:
                             "22: orch's instances would be reachable on other ports; fix or delete it")
     ssh = [r.get("CidrIp") for p in group.get("IpPermissions", []) for r in p.get("IpRanges") or []]
     if cidr not in ssh:
-        # Create and authorize are two calls: one failed authorize, or a rule deleted by hand, leaves a
-        # group every instance would be unreachable through (for the whole SSH wait). Add the rule.
-        try:
-            with aws(f"authorize_security_group_ingress on {name} in {region}"):
-                ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[{
-                    "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
-                    "IpRanges": [{"CidrIp": cidr, "Description": "SSH for orch"}]}])
-        except AWSError as e:
-            if e.code != "InvalidPermission.Duplicate":  # added meanwhile by another orch
-                raise
+        authorize(ec2, region, name, group["GroupId"], {
+            "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+            "IpRanges": [{"CidrIp": cidr, "Description": "SSH for orch"}]})
     return group["GroupId"]
+
+
+def security_group(session: Session, region: str, name: str, description: str,
+                   tags: dict[str, str] | None = None) -> dict:
+    """The security group ``name`` in the default VPC, made (with ``tags``) where it is missing. Another
+    orch making it at the same moment (``InvalidGroup.Duplicate``) is looked up again, not an error."""
+    ec2 = session.ec2(region)
+    vpc = default_vpc(session, region)
+    group = _group(ec2, region, name, vpc)
+    if group is None:
+        extra = {"TagSpecifications": [{"ResourceType": "security-group",
+                                        "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}]} if tags else {}
+        try:
+            with aws(f"create_security_group {name} in {region}"):
+                ec2.create_security_group(GroupName=name, VpcId=vpc, Description=description, **extra)
+        except AWSError as e:
+            if e.code != "InvalidGroup.Duplicate":  # another orch made it meanwhile: use that one
+                raise
+        group = _group(ec2, region, name, vpc)
+        if group is None:
+            raise ProviderError(f"security group {name} in {region} was made but cannot be found: try again")
+    return group
+
+
+def authorize(ec2, region: str, name: str, group_id: str, permission: dict) -> None:
+    """One ingress rule added. Create and authorize are two calls: one failed authorize, or a rule
+    deleted by hand, leaves a group without its rule (an instance unreachable for the whole SSH
+    wait, a group's nodes unable to meet), so every use checks the rule and adds it back; one added
+    meanwhile by another orch (``InvalidPermission.Duplicate``) is there, which is what was wanted."""
+    try:
+        with aws(f"authorize_security_group_ingress on {name} in {region}"):
+            ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[permission])
+    except AWSError as e:
+        if e.code != "InvalidPermission.Duplicate":
+            raise
 
 
 def _group(ec2, region: str, name: str, vpc: str) -> dict | None:

@@ -22,10 +22,15 @@ REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")  # us-east-1, ap-southeast-2, us-
 
 _AUTH_CODES = {"AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch",
                "ExpiredToken", "OptInRequired", "RequestExpired"}
-# No machine for this request now, here (EC2 API "Error codes"; ``Unsupported``: not in that zone): another
-# zone, region or provider may have one. These are no capacity, so a job moves on.
+# No machine for this request now, here (EC2 API "Error codes"): another zone, region or provider may have
+# one. These are no capacity, so a job moves on.
 NO_CAPACITY = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-               "InsufficientReservedInstanceCapacity", "UnfulfillableCapacity", "Unsupported", "SpotMaxPriceTooLow"}
+               "InsufficientReservedInstanceCapacity", "UnfulfillableCapacity", "SpotMaxPriceTooLow"}
+# "The specified request is unsupported" (EC2 API "Error codes", ``Unsupported``: "for example, you might be
+# trying to launch an instance in an Availability Zone that currently has constraints on that instance type"):
+# not this zone, so a launch tries the next one; but no capacity error, since a request EC2 does not support
+# anywhere would otherwise pass for a full market and send a job from offer to offer (``launch.launch``).
+UNSUPPORTED = "Unsupported"
 # The account's limit, not the cloud's stock: one line naming the Service Quotas quota (by instance
 # family and market) and how to raise it (``quota_line``).
 QUOTA = {"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"}
@@ -162,13 +167,31 @@ class Session:
         return [r for r in found if isinstance(r, str) and REGION.fullmatch(r)] if isinstance(found, list) else []
 
     def remember_region(self, region: str) -> None:
-        """Written before the create (intent first): a crash right after it still leaves the region known."""
+        """Written before the create (intent first): a crash right after it still leaves the region known.
+
+        A group's nodes, and other orch processes, write at the same moment: the file is read and
+        written again under an exclusive lock (``flock`` on a lock file beside it, one open file per
+        caller, so threads of one process exclude each other too), through a temporary file of the
+        caller's own, renamed over it (atomic: a reader sees the old list or the new one, never none)."""
         if not self.home or region in self.regions or region in self.created_in():
             return
+        import fcntl
+        import tempfile
+
         path = Path(self.home) / REGIONS_FILE
-        tmp = path.with_name(f".{REGIONS_FILE}.{os.getpid()}")
-        tmp.write_text(json.dumps(sorted({*self.created_in(), region})))
-        tmp.replace(path)
+        with open(path.with_name(f".{REGIONS_FILE}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            known = self.created_in()
+            if region in known:
+                return
+            fd, tmp = tempfile.mkstemp(prefix=f".{REGIONS_FILE}.", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(sorted({*known, region})))
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     @property
     def listed_regions(self) -> list[str]:

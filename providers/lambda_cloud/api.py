@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from typing import Any, Callable
 
 from orchestrator.errors import AuthError, ProviderError
@@ -30,7 +32,18 @@ ACCOUNT_REFUSALS = {
     "global/invalid-address": "the Lambda account's billing address is invalid: correct it in the Lambda console "
                               "(Settings, Billing)",
 }
+# The account's instance quota (Lambda's OpenAPI description, launchInstance 400 ApiErrorQuotaExceeded:
+# "Quota exceeded.", "Contact Support to increase your quota."; Lambda docs, "Creating and managing
+# instances": "New accounts have a limit on the number of instances you can launch ... increases
+# automatically as you pay your invoices"): the account's limit, not the cloud's stock, so no capacity error.
+QUOTA_EXCEEDED = "global/quota-exceeded"
 MAX_WAIT = 60.0  # a Retry-After longer than this is not waited out
+LAUNCH_LOOKUP_SECONDS = 60.0  # how long a launch whose answer was lost is looked for (by its name)
+# Lambda's rate limit on launches: "one request per 12 seconds, or five requests per minute" (the OpenAPI
+# description). One orch process spaces its own launches so; a 429 (another process's) is waited out.
+LAUNCH_INTERVAL = 12.0
+_LAUNCHES = threading.Lock()
+_last_launch = [float("-inf")]  # when this process last sent a launch (monotonic)
 
 
 class LambdaError(ProviderError):
@@ -39,6 +52,19 @@ class LambdaError(ProviderError):
     def __init__(self, message: str, code: str | None = None, status: int | None = None):
         super().__init__(message)
         self.code, self.status = code, status
+
+
+class QuotaExceeded(LambdaError):
+    """The account's instance quota, not Lambda's stock: raising it is the user's step."""
+
+
+class LostLaunch(Exception):
+    """A launch whose answer was lost (a 5xx, a dropped connection): it may have happened. A launch
+    has no idempotency token, so the caller looks for what it made, and never launches blind again."""
+
+    def __init__(self, offer, region: str, error: Exception):
+        super().__init__(str(error))
+        self.offer, self.region, self.error = offer, region, error
 
 
 # What a call to Lambda raises, short of a refused key: a refusal, or a failure worth another try
@@ -105,6 +131,24 @@ class Session:
         """A request that is safe to repeat (anything but a launch), with bounded retries."""
         return http.call(lambda: self.once(method, path, body), attempts=int(self.number("retries", 5)), cap=MAX_WAIT)
 
+    def launch(self, body: dict) -> Any:
+        """``POST /instance-operations/launch`` within Lambda's rate limit: this process's launches are
+        spaced ``launch_interval`` apart, and a 429 is waited out (its Retry-After, else a backoff from
+        ``launch_interval``) and sent again: the limiter refused it, so nothing was made. Any other
+        failure is raised as it is (a 5xx may hide a launch that happened: the caller looks)."""
+        interval = self.number("launch_interval", LAUNCH_INTERVAL)
+
+        def once() -> Any:
+            with _LAUNCHES:
+                wait = _last_launch[0] + interval - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                _last_launch[0] = time.monotonic()
+            return self.once("POST", "/instance-operations/launch", body)
+
+        return http.call(once, attempts=int(self.number("retries", 5)), base=interval if interval > 0 else 0.5,
+                         cap=MAX_WAIT, retryable=lambda e: isinstance(e, Transient) and e.status == 429)
+
 
 def _http_error(e, what: str) -> ProviderError:
     """Orch's error for Lambda's HTTP error ``e``: Lambda's words (its code and message, the launch's
@@ -135,5 +179,10 @@ def _http_error(e, what: str) -> ProviderError:
                          code=code, status=status, answer=answer)
     if code == NO_CAPACITY:
         return LambdaError(f"Lambda Cloud has no capacity for this launch ({message})", code=code, status=status)
+    if code == QUOTA_EXCEEDED:
+        suggestion = str(error.get("suggestion") or "Contact Support to increase your quota.")[:200]
+        return QuotaExceeded(f"Lambda Cloud refused {what}: the account's instance quota is used up ({code}: "
+                             f"{message}). Lambda raises it as invoices are paid; {suggestion} (Lambda console, "
+                             "Support)", code=code, status=status)
     return LambdaError(f"Lambda Cloud refused {what} (HTTP {status}: {code or ''} {message})".replace("  ", " "),
                        code=code, status=status)

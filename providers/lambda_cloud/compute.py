@@ -10,10 +10,13 @@ from typing import Any
 
 from orchestrator.errors import NoCapacity, ProviderError, UsageError
 from orchestrator.provider import Capabilities, Offer, Provider, Remote, RentsGroups, Request, Status, parse_label
+from orchestrator.provider.features import HasVolumes
+from orchestrator.provider.model import Volume
 from orchestrator.provider.grace import JustMade
 from orchestrator.provider.http import Transient
-from providers.lambda_cloud import groups, keys
-from providers.lambda_cloud.api import ERRORS, NO_CAPACITY, NOT_FOUND, LambdaError, Session, api_key, lambda_id
+from providers.lambda_cloud import groups, keys, volumes
+from providers.lambda_cloud.api import (ERRORS, LAUNCH_LOOKUP_SECONDS, NO_CAPACITY, NOT_FOUND, LambdaError,
+                                        LostLaunch, Session, api_key, lambda_id)
 from providers.lambda_cloud.health import UNHEALTHY_GRACE_S, Unhealthy
 from providers.lambda_cloud.instances import STATES, remote_from
 from providers.lambda_cloud.offers import asked, instance_types, matching, wanted
@@ -21,10 +24,9 @@ from providers.lambda_cloud.offers import asked, instance_types, matching, wante
 # A new id that GET /instances/{id} does not know yet is pending for two minutes, not gone (the grace
 # EC2's eventual consistency gets).
 VISIBILITY_GRACE_S = 120.0
-LAUNCH_LOOKUP_SECONDS = 60.0  # how long a launch whose answer was lost is looked for (``look_for``)
 
 
-class LambdaProvider(Provider, RentsGroups):
+class LambdaProvider(Provider, RentsGroups, HasVolumes):
     name = "lambda"
     # There is no stop and no spot: spot is declared here and refused in one line, and the provider is
     # no ``Stoppable``. There is no self-stop either (no ``SelfEnding``): only a terminate through the
@@ -35,6 +37,9 @@ class LambdaProvider(Provider, RentsGroups):
     env_keys = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL")
     credentials = "LAMBDA_API_KEY, or api_key under [providers.lambda] in config.toml"
     login = "ubuntu"  # Lambda Stack's user
+    # Filesystems (``volumes``): one region, mounted by any number of its instances at once, sized by
+    # what they hold (no size is set; the bounds are orch's own sanity).
+    volume_place, shared_volumes = "region", True
     numeric_settings = {"retries": 1, "http_timeout": 0.1, "launch_interval": 0, "poll_seconds": 0,
                         "destroy_timeout": 0, "launch_lookup_seconds": 0, "unhealthy_grace": 0}
 
@@ -80,41 +85,66 @@ class LambdaProvider(Provider, RentsGroups):
         return self._launch(candidates, request, label, self._ensure_key(public_key))
 
     def _launch(self, candidates: list[Offer], request: Request, label: str, key: str) -> Remote:
-        """Launch the cheapest candidate in a region with capacity; a region whose capacity was taken
-        meanwhile gives way to the next. After an answer that may hide a launch, look before retrying."""
-        wanted_region = self.settings.get("region") or groups.region_of(request.group)
+        """Launch the cheapest candidate in a region with capacity (``send_launch``); after an answer that
+        may hide a launch, look for it by its label, never launch blind again."""
+        try:
+            offer, _, answer = self.send_launch(candidates, request, label, key)
+        except LostLaunch as lost:
+            return look_for(self, label, lost.error)
+        return self._launched(answer, offer, label)
+
+    def send_launch(self, candidates: list[Offer], request: Request, name: str, key: str,
+                    quantity: int = 1) -> tuple[Offer, str, Any]:
+        """(offer, region, the launch's answer): the candidates in each of their regions with capacity,
+        in turn, until one launches ``quantity`` instances named ``name``; a region whose capacity was
+        taken meanwhile gives way to the next. A group's node launches only as the group's type in the
+        group's region (``groups.chosen``); a group's one launch (``quantity`` > 1) tries the group's
+        choice first, then any other, since nothing of it is made yet. Raises ``LostLaunch`` after an
+        answer that may hide a launch."""
+        group = groups.chosen(request.group)
+        alone = quantity == 1 and group is not None  # one node of a group that exists: its type, its region
+        wanted_region = volumes.region(request, self.settings.get("region") or (group[1] if alone else None))
         queue = [(o, r) for o in candidates for r in o.raw["regions"] if not wanted_region or r == wanted_region]
+        if alone:
+            queue = [(o, r) for o, r in queue if o.offer_id == group[0]]
+        elif group is not None:
+            queue.sort(key=lambda q: (q[0].offer_id, q[1]) != group)  # stable: the group's choice first
+        where = f"as instance type {group[0]} in region {group[1]}, the group's" if alone else \
+            f"in region {wanted_region}" if wanted_region else "in any region"
         if not queue:
-            raise NoCapacity(f"Lambda Cloud has no capacity for {asked(request)} in region {wanted_region}")
-        attempts, failures = int(self.number("retries", 5)), 0
+            raise NoCapacity(f"Lambda Cloud has no capacity for {asked(request)} {where}")
         while queue:
             offer, region = queue[0]
+            body = launch_body(offer, region, request.image or self.settings.get("image"), name, key, quantity)
+            body.update(volumes.launch_fields(request.mounts))
             try:
-                body = launch_body(offer, region, request.image or self.settings.get("image"), label, key)
-                answer = self.api.once("POST", "/instance-operations/launch", body)
-                return self._launched(answer, offer, label)
+                return offer, region, self.api.launch(body)
             except ERRORS as e:
                 error = e
             if error.code == NO_CAPACITY:
                 # ``instance-operations/launch/insufficient-capacity``: that offer was taken meanwhile.
                 queue.pop(0)  # taken meanwhile: the next region, else the next type
                 continue
-            if isinstance(error, Transient) and error.status == 429:
-                # Requests are limited to about one a second, launches to one per 12 seconds (five a
-                # minute): a 429 is waited out and asked again. The rate limiter refused the launch
-                # itself, so nothing was made and a repeated launch makes no second machine.
-                failures += 1
-                if failures >= attempts:
-                    raise error
-                time.sleep(error.wait if error.wait >= 0 else self.number("launch_interval", 12))
-                continue
-            if not isinstance(error, Transient):
-                raise error
+            if not isinstance(error, Transient) or error.status == 429:
+                raise error  # a refusal, or the rate limit still refusing after ``api.launch``'s waits
             # A launch has no idempotency token, and an answer lost to a 5xx or a dropped connection may
-            # hide a launch that happened: look, never launch blind again.
-            return look_for(self, label, error)
-        raise NoCapacity(f"every Lambda Cloud region with {asked(request)} lost its capacity before the launch: "
-                         "try again")
+            # hide a launch that happened.
+            raise LostLaunch(offer, region, error)
+        raise NoCapacity(f"Lambda Cloud lost its capacity for {asked(request)} {where} before the launch: try again")
+
+    def create_nodes(self, requests: list[Request], labels: list[str], public_key: str) -> list[Remote]:
+        """A group's nodes in one launch with ``quantity`` N, one type in one region, each renamed to its
+        node's label; all or nothing (``groups.launch``)."""
+        if len(requests) < 2:
+            return super().create_nodes(requests, labels, public_key)
+        request = requests[0]
+        self.validate(request)
+        if request.quote is None and not request.gpu and not request.offer:
+            raise UsageError("say which GPU to rent on Lambda (--gpu, e.g. A10) or which instance type (--offer)")
+        candidates = self._candidates(request)
+        if not candidates:
+            raise NoCapacity(f"Lambda Cloud has no capacity for {wanted(request)} in any region right now")
+        return groups.launch(self, requests, labels, self._ensure_key(public_key), candidates)
 
     def _launched(self, answer: Any, offer: Offer, label: str) -> Remote:
         ids = answer.get("instance_ids") if isinstance(answer, dict) else None
@@ -172,21 +202,30 @@ class LambdaProvider(Provider, RentsGroups):
         health = self.unhealthy.judge(provider_id, word == "unhealthy")
         if health is not None:
             status, detail = health
-        if word == "preempted":
-            # Lambda took it back; orch reads it as gone, so the terminate goes too (idempotent): a
-            # preempted instance that Lambda kept would otherwise bill unseen.
-            try:
-                self._terminate(provider_id)
-            except ERRORS:
-                pass  # already on its way out: the next look says so
         return remote_from(row, status, detail, self.ssh_user)
+
+    # -- HasVolumes: filesystems (``volumes``) -----------------------------------------------
+    def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
+        region = where or self.settings.get("region") or volumes.default_region(instance_types(self.api))
+        return volumes.create(self.api, name, size_gb, region)
+
+    def list_volumes(self) -> list[Volume]:
+        return volumes.list_all(self.api)
+
+    def delete_volume(self, volume: Volume) -> None:
+        volumes.delete(self.api, volume)
+
+    def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
+        return volumes.reaches(offer, volume)
+
+    def mount_steps(self, mounts) -> list:
+        return volumes.mount_steps(mounts)
 
     # -- groups: one region --------------------------------------------------------------
     def open_group(self, group: str, request: Request) -> None:
-        """One region for every node of the group (``groups.choose``); none to choose where the
-        settings name the region."""
-        if not self.settings.get("region"):
-            groups.choose(group, self._candidates(request), wanted(request))
+        """One instance type in one region for every node of the group (``groups.choose``; in the
+        region the settings name, where they name one)."""
+        groups.choose(group, self._candidates(request), wanted(request), self.settings.get("region"))
 
     def close_group(self, group: str) -> None:
         groups.forget(group)
@@ -202,10 +241,10 @@ class LambdaProvider(Provider, RentsGroups):
         return f"not in the Lambda account yet: the first `orch up` adds it as SSH key {keys.key_name(public_key)!r}"
 
 
-def launch_body(offer: Offer, region: str, image: str | None, label: str, key: str) -> dict:
-    """The launch of one ``offer`` in ``region`` (Lambda's InstanceLaunchRequest)."""
+def launch_body(offer: Offer, region: str, image: str | None, label: str, key: str, quantity: int = 1) -> dict:
+    """The launch of ``quantity`` instances of ``offer`` in ``region`` (Lambda's InstanceLaunchRequest)."""
     body: dict[str, Any] = {"region_name": region, "instance_type_name": offer.offer_id, "ssh_key_names": [key],
-                            "file_system_names": [], "quantity": 1, "name": label}
+                            "file_system_names": [], "quantity": quantity, "name": label}
     if image:
         body["image"] = {"id": image} if re.fullmatch(r"[0-9a-f]{32}", image) else {"family": image}
     return body

@@ -8,10 +8,14 @@ from providers.lambda_cloud.offers import gpu_from_description
 # Instance fields that are a login to the instance (Lambda's OpenAPI description, Instance: "the
 # secret token used to log into the JupyterLab server"): never kept.
 SECRET_FIELDS = ("jupyter_token", "jupyter_url")
-# Lambda's InstanceStatus. "unhealthy" is decided by ``health.Unhealthy`` (wait, one restart, then
-# broken); "preempted" (taken back by Lambda) is gone, and its terminate is sent anyway.
+# Lambda's InstanceStatus (OpenAPI description: booting, active, unhealthy, terminated, terminating,
+# preempted). "unhealthy" is decided by ``health.Unhealthy`` (wait, one restart, then broken).
+# "preempted" (taken back by Lambda) will not run again, but it is not gone until Lambda says
+# ``terminated``: until then it is listed, and it may bill. So it is broken (``Remote.preempted``
+# says why): the reaper destroys a broken instance, and its row ends only once the terminate is
+# confirmed (``GET /instances/{id}`` no longer knows it).
 STATES = {"booting": Status.PENDING, "active": Status.RUNNING, "unhealthy": Status.PENDING,
-          "terminating": Status.PENDING, "terminated": Status.GONE, "preempted": Status.GONE}
+          "terminating": Status.PENDING, "terminated": Status.GONE, "preempted": Status.BROKEN}
 
 
 def remote_from(row: dict, status: Status, detail: str, user: str) -> Remote:

@@ -18,13 +18,14 @@ from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remo
 from providers.local.machine import local_gpus, local_vram_gb
 from providers.local.sshd import (address, free_port, host_key, instance_pids, kill_instance, port_free, running,
                                   start_sshd)
+from providers.local.volumes import LocalVolumes
 
 
-class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
+class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
     name = "local"
     embedded = True
     login = getpass.getuser()
-    numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0}
+    numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0, "volume_price_gb_month": 0}
 
     @cached_property
     def gpus(self) -> list[str]:
@@ -64,9 +65,12 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
     # -- verbs -------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         super().validate(request)
-        if not request.cpu and request.gpus > len(self.gpus):
+        wanted = request.gpus * max(request.nodes, 1)  # a group's nodes share this machine's GPUs
+        if not request.cpu and wanted > len(self.gpus):
+            asked = f"{request.nodes} nodes x {request.gpus}" if request.nodes > 1 else f"{request.gpus}"
             raise UsageError(f"the local provider has {len(self.gpus)} GPU(s) on this machine "
-                             f"(nvidia-smi), {request.gpus} asked: use --cpu")
+                             f"(nvidia-smi), {asked} asked: use --cpu")
+        self.check_mounts(request)  # ``volumes``: each path inside the instance's home
 
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         parsed = parse_label(label)
@@ -82,13 +86,15 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
         meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
                 "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
         self._save(provider_id, meta)
+        self.link_mounts(provider_id, root / "home", request.mounts)  # before anything runs there
         self._boot(provider_id, meta)
         return self.get(provider_id)
 
     def get(self, provider_id: str) -> Remote:
         meta = self._meta(provider_id)
         if meta is None:
-            return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE)
+            return Remote(provider_id=provider_id, label=provider_id, status=Status.GONE,
+                          ended_by=self._word(provider_id))
         # A folder its meta calls stopped has no sshd (stop writes "stopped" after the kill, start
         # writes "running" before the boot): no pid file to open, which a listing of a large
         # stopped fleet would do once per instance (bench/fleet.py).
@@ -99,7 +105,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
             price_hr=float(self.settings.get("price_per_hour", 0.0)),
             stopped_price_hr=float(self.settings.get("stopped_price_per_hour", 0.0)),
             gpu_name=self.gpus[0] if meta.get("gpus") and self.gpus else None, gpus=meta.get("gpus", 0),
-            private_ip=meta["host"], raw=meta,
+            private_ip=meta["host"], raw=meta, ended_by="" if alive else str(meta.get("ended_by") or "")[:500],
         )
 
     def list(self) -> list[Remote]:
@@ -121,6 +127,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
             if not port_free(meta["host"], meta["port"]):
                 meta["port"] = free_port(meta["host"])
             meta["state"] = "running"
+            meta.pop("ended_by", None)  # started again: a stop from now on is not that watchdog's
             self._save(provider_id, meta)
             self._boot(provider_id, meta)
         return self.get(provider_id)
@@ -168,11 +175,44 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
         return host_key(self._dir(provider_id))
 
     def self_stop_command(self, provider_id: str, destroy: bool) -> str:
-        """A local instance is a folder on this machine: it stops itself the way the provider does."""
-        verb = "destroy" if destroy else "stop"
-        code = ("from pathlib import Path\nfrom providers.local import LocalProvider\n"
-                f"LocalProvider(None, Path({str(self.home)!r})).{verb}({provider_id!r})\n")
+        """A local instance is a folder on this machine: it stops itself the way the provider does,
+        leaving the reason its watchdog gave (``ORCH_WATCHDOG_REASON``) where ``get`` finds it, as
+        a cloud keeps the reason of a stop made from inside (taken back if the stop fails)."""
+        verb, pid = ("destroy" if destroy else "stop"), repr(provider_id)
+        code = ("import os\nfrom pathlib import Path\nfrom providers.local import LocalProvider\n"
+                f"p = LocalProvider(None, Path({str(self.home)!r}))\n"
+                f"p.leave_word({pid}, os.environ.get('ORCH_WATCHDOG_REASON', ''), {destroy})\n"
+                f"try:\n    p.{verb}({pid})\n"
+                f"except BaseException:\n    p.leave_word({pid}, '', {destroy})\n    raise\n")
         return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}"
+
+    # The word an instance's own watchdog leaves as it stops it (in its meta.json, which a listing
+    # reads anyway) or destroys it (beside the folders: a destroy removes the instance's own).
+    WORDS = ".ended"
+
+    def leave_word(self, provider_id: str, reason: str, destroy: bool) -> None:
+        """``reason`` kept as the watchdog's word on this instance; "" takes it back."""
+        if not parse_label(provider_id):
+            return
+        if not destroy:
+            meta = self._meta(provider_id)
+            if meta is not None:
+                meta["ended_by"] = reason[:500]
+                self._save(provider_id, meta)
+            return
+        word = self.root / self.WORDS / provider_id
+        if reason:
+            word.parent.mkdir(parents=True, exist_ok=True)
+            word.write_text(reason[:500])
+        else:
+            word.unlink(missing_ok=True)
+
+    def _word(self, provider_id: str) -> str:
+        try:
+            with open(f"{self._root}/{self.WORDS}/{provider_id}", "rb") as f:
+                return f.read(500).decode(errors="replace")
+        except OSError:
+            return ""
 
     def _need(self, provider_id: str) -> dict:
         meta = self._meta(provider_id)
@@ -194,4 +234,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups):
                "ORCH_PROVIDER": "local"}
         if request.cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
+        elif request.group:  # each node its own share of the GPUs: NCCL refuses one GPU seen by two ranks
+            first = request.node_rank * request.gpus
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(first, first + request.gpus))
         return env

@@ -9,18 +9,21 @@ from typing import Any
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, StartRefused, UsageError
 from orchestrator.provider import (Capabilities, Offer, Provider, Remote, Request, SelfEnding, Status, Stoppable,
                                    http, parse_label)
+from orchestrator.provider.features import HasVolumes
+from orchestrator.provider.model import Volume
 from orchestrator.provider.grace import JustMade
 from providers.runpod import pods
 from providers.runpod.api import GraphQL, MaybeMade
 from providers.runpod.offers import CUDA_SETTING, GPU_NAMES, cuda_for, offers_from, prices_query, resolve_gpu
 from providers.runpod.self_stop import self_stop_command
+from providers.runpod.volumes import MAX_GB, MIN_GB, NetworkVolumes, deploy_fields, reaches
 
 CONTAINER_START_MINUTES = 5.0  # RunPod's own images are cached on its hosts; a big custom image may need more
 CREATE_LOOKUP_SECONDS = 60.0  # how long a pod a failed create may have made is looked for (``create``)
 
 
-class RunPodProvider(Provider, Stoppable, SelfEnding):
-    """RunPod GPU and CPU pods. Pods with a network volume cannot be stopped (orch attaches none)."""
+class RunPodProvider(Provider, Stoppable, SelfEnding, HasVolumes):
+    """RunPod GPU and CPU pods, and network volumes (``volumes``)."""
 
     name = "runpod"
     numeric_settings = {"retries": 1, "retry_base": 0, "poll_interval": 0, "container_disk_gb": 1,
@@ -38,8 +41,11 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
     # (RunPod docs, "Instant Clusters", docs.runpod.io/instant-clusters; REST v2 ``POST /v2/clusters``,
     # docs.runpod.io/api-reference-v2/clusters/create-a-cluster).
     groups_refused = ("its pods have no private network between them; RunPod's Instant Clusters are another API, "
-                      "which orch does not drive: use aws, lambda or local")
+                      "planned separately: use aws, lambda or local")
     resolve_gpu = staticmethod(resolve_gpu)
+    # A network volume lives in one data center, and several pods may mount it at once (RunPod docs,
+    # "Storage options": network volumes are shareable across Pods).
+    volume_place, shared_volumes, min_volume_gb, max_volume_gb = "data center", True, MIN_GB, MAX_GB
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)
@@ -51,6 +57,7 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         # A new pod that ``pod(podId)`` does not show yet is pending, not gone (``create``, ``get``).
         self._just_made = JustMade(self.number("create_lookup_seconds", CREATE_LOOKUP_SECONDS))
         self._gpu_types: list[dict] | None = None  # names and ids only: prices are always fetched live
+        self.volumes = NetworkVolumes(self.api)
 
     @property
     def poll_seconds(self) -> float:
@@ -126,7 +133,7 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         else:
             shape.update(gpu_type=self._gpu_type(request), cloud_type=str(self.setting("cloud_type", "ALL")),
                          cuda=cuda_for(image, str(self.setting("min_cuda", ""))))
-        return pods.deploy(request, label, public_key, **shape)
+        return pods.deploy(request, label, public_key, **shape, attach=deploy_fields(request))
 
     def _made_after_all(self, label: str, exc: ProviderError) -> Remote:
         """RunPod has answered errors after creating the pod: look before anything else. The pod
@@ -214,7 +221,10 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
         return self.get(provider_id)
 
     def destroy(self, provider_id: str) -> None:
-        if self.get(provider_id).status == Status.GONE:
+        # A pod this process made and RunPod has not shown since: once the lookup window has passed a
+        # lookup calls it gone, yet its lookups may only lag (runpodctl issue #172): the terminate is
+        # sent all the same (of a pod RunPod does not know, it is refused, and the pod is gone).
+        if self.get(provider_id).status == Status.GONE and not self._just_made.never_seen(provider_id):
             return
         try:
             self.api.query(pods.terminate(provider_id))
@@ -247,3 +257,16 @@ class RunPodProvider(Provider, Stoppable, SelfEnding):
     def self_stop_command(self, provider_id: str, destroy: bool) -> str:
         """Run inside the pod, stops (or terminates) it with the pod's own key (``self_stop``)."""
         return self_stop_command(destroy)
+
+    # -- HasVolumes: network volumes (``volumes``) -------------------------------------------
+    def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
+        return self.volumes.create(name, size_gb, where)
+
+    def list_volumes(self) -> list[Volume]:
+        return self.volumes.list()
+
+    def delete_volume(self, volume: Volume) -> None:
+        self.volumes.delete(volume)
+
+    def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
+        return reaches(self.volumes, offer, volume)

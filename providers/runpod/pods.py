@@ -43,8 +43,9 @@ def terminate(provider_id: str) -> str:
 
 def deploy(request: Request, label: str, public_key: str, *, image: str, container_gb: int,
            gpu_type: str | None = None, cloud_type: str = "ALL", cpu_instance: str = DEFAULT_CPU_INSTANCE,
-           cuda: list[str] | None = None) -> tuple[str, str]:
-    """(the create mutation, its field): a CPU pod (``request.cpu``) or a pod of ``gpu_type``."""
+           cuda: list[str] | None = None, attach: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the create mutation, its field): a CPU pod (``request.cpu``) or a pod of ``gpu_type``;
+    ``attach`` is a network volume's fields (``volumes.deploy_fields``), which replaces the volume disk."""
     env = {"PUBLIC_KEY": public_key.strip(), **request.env}
     fields: dict[str, Any] = {
         "name": label,
@@ -68,6 +69,9 @@ def deploy(request: Request, label: str, public_key: str, *, image: str, contain
         if cuda:
             fields["allowedCudaVersions"] = cuda
         mutation = "podFindAndDeployOnDemand"
+    if attach:
+        fields.pop("volumeInGb", None)
+        fields.update(attach)
     return (f"mutation {{ {mutation}(input: {literal(fields)}) {{ id name desiredStatus "
             f"imageName machineId costPerHr gpuCount volumeInGb }} }}", mutation)
 

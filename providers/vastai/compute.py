@@ -10,7 +10,9 @@ from typing import Any, Callable
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, UsageError
 from orchestrator.provider import (Capabilities, Offer, Provider, Remote, Request, SelfEnding, Status, Stoppable,
                                    http, parse_label)
-from providers.vastai import api, instances, self_stop
+from orchestrator.provider.features import HasVolumes
+from orchestrator.provider.model import Volume
+from providers.vastai import api, instances, self_stop, volumes
 from providers.vastai.api import CREATE_TIMEOUT, MAX_WAIT, VastError
 from providers.vastai.instances import vast_id
 from providers.vastai.offers import bid, listed, search_arguments
@@ -32,8 +34,9 @@ class OffersTaken(NoCapacity):
         self.last = last
 
 
-class VastAIProvider(Provider, Stoppable, SelfEnding):
+class VastAIProvider(Provider, Stoppable, SelfEnding, HasVolumes):
     name = "vastai"
+    volume_place = "machine"  # a local volume: only instances on its machine mount it (``volumes``)
     numeric_settings = {"max_price_hr": 0, "min_reliability": 0, "min_inet_down": 0, "min_cuda": 0, "spot_margin": 0,
                         "retries": 1, "http_timeout": 0.1, "create_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0,
                         "destroy_timeout": 0, "direct_ssh_grace": 0.1}
@@ -44,8 +47,8 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
     # SkyPilot nor dstack runs multi-node there: SkyPilot's sky/clouds/vast.py lists MULTI_NODE among
     # its unsupported features ("the interconnection among nodes are non-trivial on Vast"); dstack's
     # VastAICompute (src/dstack/_internal/core/backends/vastai/compute.py) is no ComputeWithMultinodeSupport.
-    groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them: "
-                      "use aws, lambda or local")
+    groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them "
+                      "(Vast's overlay networks are another API, planned separately): use aws, lambda or local")
 
     def configured(self) -> bool:
         return api.has_key(self.settings)
@@ -59,7 +62,7 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
 
     def offers(self, request: Request) -> list[Offer]:
         self.validate(request)
-        args = search_arguments(request, self.number, self.settings.get("max_price_hr"))
+        args = volumes.on_machine(search_arguments(request, self.number, self.settings.get("max_price_hr")), request)
         return listed(self._call(lambda: self._sdk.search_offers(**args), "offer search"), request)
 
     # -- create ----------------------------------------------------------------------------
@@ -134,7 +137,7 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
         # scheduling fails (rather than creating a stopped instance)").
         args: dict[str, Any] = dict(image=request.image or self.settings.get("image") or DEFAULT_IMAGE,
                                     disk=float(request.disk_gb), env=dict(request.env), label=label, ssh=True,
-                                    direct=True, cancel_unavail=True)
+                                    direct=True, cancel_unavail=True, **volumes.create_args(request))
         if request.spot:
             # Always explicit: a create without a bid rents on-demand and does not say so
             # (vastai/api/instances.py ``build_create_instance_payload``: ``"price": null``).
@@ -262,6 +265,20 @@ class VastAIProvider(Provider, Stoppable, SelfEnding):
     def self_stop_command(self, provider_id: str, destroy: bool) -> str:
         """The instance ends itself with its own key (``self_stop``): any instance, so no id."""
         return self_stop.command(destroy)
+
+    # -- HasVolumes: local volumes (``volumes``) ---------------------------------------------
+    def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
+        return volumes.create(self._sdk, self._call, lambda fn, what: api.once(self._sdk, fn, what), name, size_gb,
+                              where)
+
+    def list_volumes(self) -> list[Volume]:
+        return volumes.list_all(self._sdk, self._call)
+
+    def delete_volume(self, volume: Volume) -> None:
+        volumes.delete(self._sdk, self._call, volume)
+
+    def offer_reaches(self, offer: Offer, volume: Volume) -> bool:
+        return volumes.reaches(offer, volume)
 
 
 def _nothing_matches(request: Request) -> str:

@@ -186,8 +186,10 @@ class Host:
     def __init__(self, state: Path, *, address: str | None = None, env: dict[str, str] | None = None,
                  mount_path: str | None = None, keep_container_disk: bool = False,
                  new_host_keys_each_boot: bool = False, python: str | None = sys.executable,
-                 bashrc_tail: str = "", env_file: str | None = None, login_shell: str = "/bin/bash"):
+                 bashrc_tail: str = "", env_file: str | None = None, login_shell: str = "/bin/bash",
+                 volume: Path | None = None):
         self.state = Path(state)
+        self._volume = volume  # a folder that outlives the host (a network volume), else its own
         self.id = secrets.token_hex(6)
         self.address = address or loopback_address(self.id)
         self.port = 0
@@ -211,7 +213,7 @@ class Host:
 
     @property
     def volume(self) -> Path:
-        return self.state / "volume"
+        return self._volume or self.state / "volume"
 
     def path(self, inside: str) -> Path:
         """A path inside the running container, as seen from this machine."""

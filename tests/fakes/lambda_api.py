@@ -13,6 +13,18 @@ lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes
   ``ssh_key_names`` (spec InstanceLaunchRequest) and answers ``{"instance_ids": [...]}``. A region
   without capacity for the type answers 400 ``instance-operations/launch/insufficient-capacity``
   (spec ApiErrorInsufficientCapacity); an unknown type or key 404 ``global/object-does-not-exist``.
+- ``quantity`` launches that many instances of the type, all with the launch's ``name``, and the
+  answer lists every new id (Lambda's API reference v1.5.1, launchInstance: "Launches one or more
+  instances of a given instance type", ``quantity``: "Number of instances to launch", as generated
+  into konfig-sdks/lambda-python-sdk, InstanceCreateInstancesRequest; SkyPilot's
+  sky/provision/lambda_cloud/instance.py launches its workers with ``quantity``). The reference
+  documents no partial launch: short of capacity for them all (``capacity[(type, region)]``, how
+  many more a region can launch), the launch is refused whole and makes none.
+- The account's instance quota (``quota``: how many live instances it may hold) refuses a launch
+  past it with 400 ``global/quota-exceeded`` (spec launchInstance 400, ApiErrorQuotaExceeded:
+  "Quota exceeded.", "Contact Support to increase your quota.").
+- ``POST /instances/{id}`` with ``name`` renames an instance (spec postInstance, "Update instance
+  details", InstanceModificationRequest: at most 64 characters) and answers the instance.
 - Launches are limited to one per 12 seconds (spec description: "one request per 12 seconds, or
   five requests per minute"): a faster one answers 429. The spec documents no 429 body; SkyPilot's
   client (sky/provision/lambda_cloud/lambda_utils.py) reads only the status, and this fake answers
@@ -34,6 +46,18 @@ lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes
 - The launch's 403s (spec launchInstance 403): ``account_refusal`` set to
   ``global/account-inactive`` or ``global/invalid-address`` answers each with the spec's
   message and suggestion.
+- Filesystems (spec "Filesystems": listFilesystems, createFilesystem, filesystemDelete; and
+  launchInstance): ``GET /file-systems``, ``POST /filesystems {name, region}`` (name
+  ``^[a-zA-Z]+[0-9a-zA-Z-]*$``, at most 60; a name taken answers 400 ``global/duplicate``),
+  ``DELETE /filesystems/{id}`` (400 ``filesystems/filesystem-in-use`` while an instance that is not
+  terminated mounts it, 404 ``global/object-does-not-exist`` when there is none). A launch's
+  ``file_system_names`` must exist (404) and be in the launch's region (400
+  ``instance-operations/launch/file-system-in-wrong-region``); ``file_system_mounts`` puts one at
+  its ``mount_point``, which must match ``^(/home|/lambda/nfs|/data)[//a-zA-Z0-9-]*$`` (400
+  ``global/invalid-parameters``), else it is at the filesystem's ``mount_point``,
+  ``/lambda/nfs/NAME``. Every instance that mounts one sees the same folder (an NFS share). The
+  hosts here mount one filesystem each: a launch with more is refused, as ``quantity`` > 1 is.
+  ``bytes_used`` is what the folder holds.
 - SSH: the key named at launch is root's authorized key (Lambda Stack puts it in ``ubuntu``'s; these
   hosts have only root) and sshd listens on port 22 of the instance's ``ip``, as on Lambda: run the
   fake in a network namespace of its own (tests/netns.py), where port 22 of a 127.x address is free.
@@ -49,6 +73,7 @@ import copy
 import json
 import re
 import secrets
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -123,8 +148,11 @@ class FakeLambda:
         self.account_refusal: str | None = None
         self.restart_cures = True
         self.boot_unhealthy_reads = 0  # a new instance is unhealthy for its first N reads after booting
+        self.capacity: dict[tuple[str, str], int] = {}  # (type, region) -> instances it can still launch
+        self.quota: int | None = None  # live instances the account may hold
         self.instances: dict[str, dict] = {}
         self.ssh_keys: list[dict] = []
+        self.filesystems: dict[str, dict] = {}  # id -> the spec's Filesystem, less bytes_used (measured)
         self.requests: list[Recorded] = []
         self._hosts: dict[str, Host] = {}
         self._polls: dict[str, int] = {}
@@ -251,6 +279,8 @@ class FakeLambda:
                 if row is None:
                     return 404, _error("global/object-does-not-exist", "Specified instance does not exist.")
                 return 200, {"data": row}
+            if method == "POST":
+                return self._rename(m[1], body if isinstance(body, dict) else {})
         if method == "POST" and path == "/instance-operations/launch":
             return self._launch(body if isinstance(body, dict) else {})
         if method == "POST" and path in ("/instance-operations/terminate", "/instance-operations/restart"):
@@ -260,6 +290,12 @@ class FakeLambda:
                 return 200, {"data": copy.deepcopy(self.ssh_keys)}
             if method == "POST":
                 return self._add_key(body if isinstance(body, dict) else {})
+        if method == "GET" and path == "/file-systems":
+            return 200, {"data": [self._filesystem(f) for f in self.filesystems.values()]}
+        if method == "POST" and path == "/filesystems":
+            return self._add_filesystem(body if isinstance(body, dict) else {})
+        if (m := re.fullmatch(r"/filesystems/([^/]+)", path)) and method == "DELETE":
+            return self._delete_filesystem(m[1])
         if (m := re.fullmatch(r"/ssh-keys/([^/]+)", path)) and method == "DELETE":
             before = len(self.ssh_keys)
             self.ssh_keys = [k for k in self.ssh_keys if k["id"] != m[1]]
@@ -285,8 +321,9 @@ class FakeLambda:
         name = body.get("name", "")
         if not isinstance(name, str) or len(name) > 64:
             return 400, _error("global/invalid-parameters", "name must be 64 characters or fewer.")
-        if int(body.get("quantity") or 1) != 1:
-            return 400, _error("global/invalid-parameters", "This fake launches one instance at a time.")
+        quantity = body.get("quantity", 1)
+        if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity < 1:
+            return 400, _error("global/invalid-parameters", "quantity must be a positive integer.")
         now = time.monotonic()
         if now - self._last_launch < self.launch_interval:
             return 429, "Too Many Requests"
@@ -300,19 +337,38 @@ class FakeLambda:
             return 404, _error("global/object-does-not-exist", f"SSH key {names[0]!r} does not exist.",
                                "Add the SSH key first.")
         region = body["region_name"]
+        mounted = self._mounts(body, region)
+        if isinstance(mounted, tuple):
+            return mounted  # refused
         for taken in list(self._taken):
             self._taken.remove(taken)
             t, r = taken
             self.types[t]["regions_with_capacity_available"] = [
                 x for x in self.types[t]["regions_with_capacity_available"] if x["name"] != r]
-        if region not in [r["name"] for r in itype["regions_with_capacity_available"]]:
+        left = self.capacity.get((body["instance_type_name"], region))
+        if region not in [r["name"] for r in itype["regions_with_capacity_available"]] or \
+                (left is not None and left < quantity):
             return 400, _error("instance-operations/launch/insufficient-capacity",
                                "Not enough capacity to fulfill launch request.",
                                "Choose an instance type with more availability, or try again later.")
+        if self.quota is not None and len(self.live()) + quantity > self.quota:
+            return 400, _error("global/quota-exceeded", "Quota exceeded.", "Contact Support to increase your quota.")
+        if left is not None:
+            self.capacity[(body["instance_type_name"], region)] = left - quantity
+        ids = [self._make(body, name, names, key, region, itype, mounted) for _ in range(quantity)]
+        if self.lose_launch_answers > 0:  # made, and the answer lost on the way back
+            self.lose_launch_answers -= 1
+            return 500, _error("global/unknown", "Internal server error.")
+        return 200, {"data": {"instance_ids": ids}}
+
+    def _make(self, body: dict, name: str, names: list, key: dict, region: str, itype: dict, mounted: list) -> str:
         iid = secrets.token_hex(16)
         token = secrets.token_hex(16)
         self.instances[iid] = {
-            "id": iid, "name": name, "status": "booting", "ssh_key_names": list(names), "file_system_names": [],
+            "id": iid, "name": name, "status": "booting", "ssh_key_names": list(names),
+            "file_system_names": [f["name"] for f, _ in mounted],
+            **({"file_system_mounts": [{"mount_point": at, "file_system_id": f["id"]} for f, at in mounted]}
+               if mounted else {}),
             "region": {"name": region, "description": REGIONS.get(region, region)},
             "instance_type": copy.deepcopy(itype["instance_type"]),
             "jupyter_token": token,
@@ -322,13 +378,21 @@ class FakeLambda:
                         ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
             "tags": [dict(t) for t in body.get("tags") or [] if isinstance(t, dict)],
             "_key": key["public_key"], "_image": body.get("image"),
+            "_volume": (self.filesystem_dir(mounted[0][0]["id"]), mounted[0][1]) if mounted else None,
         }
         self._polls[iid] = 0
         self.instances[iid]["_hidden_reads"] = self.visibility_lag
-        if self.lose_launch_answers > 0:  # made, and the answer lost on the way back
-            self.lose_launch_answers -= 1
-            return 500, _error("global/unknown", "Internal server error.")
-        return 200, {"data": {"instance_ids": [iid]}}
+        return iid
+
+    def _rename(self, iid: str, body: dict):
+        row = self.instances.get(iid)
+        if row is None or row["status"] == "terminated":
+            return 404, _error("global/object-does-not-exist", "Specified instance does not exist.")
+        name = body.get("name")
+        if not isinstance(name, str) or len(name) > 64:
+            return 400, _error("global/invalid-parameters", "name must be 64 characters or fewer.")
+        row["name"] = name
+        return 200, {"data": {k: copy.deepcopy(v) for k, v in row.items() if not k.startswith("_")}}
 
     def _hidden(self, iid: str) -> bool:
         """A new instance not visible yet (``visibility_lag``): this read misses it."""
@@ -362,7 +426,8 @@ class FakeLambda:
         row = self.instances[iid]
         host = self._hosts.get(iid)
         if host is None:
-            host = self._hosts[iid] = Host(self.root / iid, keep_container_disk=True)
+            volume, at = row["_volume"] or (None, None)
+            host = self._hosts[iid] = Host(self.root / iid, keep_container_disk=True, volume=volume, mount_path=at)
         host.boot(port=SSH_PORT)
         host.add_authorized_key(row["_key"])
         row.update(status="active", ip=host.address, private_ip=PRIVATE_IP, hostname=host.address.replace(".", "-"))
@@ -395,6 +460,68 @@ class FakeLambda:
                     self._boot(iid)
             done.append({k: copy.deepcopy(v) for k, v in row.items() if not k.startswith("_")})
         return 200, {"data": {"restarted_instances" if verb == "restart" else "terminated_instances": done}}
+
+    # -- filesystems ---------------------------------------------------------------------
+    def filesystem_dir(self, fs_id: str) -> Path:
+        """The share every instance that mounts the filesystem sees."""
+        return self.root / "filesystems" / fs_id
+
+    def _in_use(self, name: str) -> bool:
+        return any(name in r["file_system_names"] for r in self.instances.values() if r["status"] != "terminated")
+
+    def _filesystem(self, fs: dict) -> dict:
+        used = sum(p.stat().st_size for p in self.filesystem_dir(fs["id"]).rglob("*") if p.is_file())
+        return {**copy.deepcopy(fs), "is_in_use": self._in_use(fs["name"]), "bytes_used": used}
+
+    def _add_filesystem(self, body: dict):
+        name, region = body.get("name"), body.get("region")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-zA-Z]+[0-9a-zA-Z-]*", name) or len(name) > 60:
+            return 400, _error("global/invalid-parameters", "Invalid filesystem name.")
+        if region not in REGIONS:
+            return 400, _error("global/invalid-parameters", f"Region {region!r} does not exist.")
+        if any(f["name"] == name for f in self.filesystems.values()):
+            return 400, _error("global/duplicate", f"A filesystem named {name!r} already exists.")
+        fs_id = secrets.token_hex(16)
+        self.filesystems[fs_id] = {
+            "id": fs_id, "name": name, "mount_point": f"/lambda/nfs/{name}",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "created_by": {"id": "user-1", "email": "tester@localhost", "status": "active"},
+            "region": {"name": region, "description": REGIONS[region]}}
+        self.filesystem_dir(fs_id).mkdir(parents=True)
+        return 200, {"data": self._filesystem(self.filesystems[fs_id])}
+
+    def _delete_filesystem(self, fs_id: str):
+        fs = self.filesystems.get(fs_id)
+        if fs is None:
+            return 404, _error("global/object-does-not-exist", "Filesystem was not found.")
+        if self._in_use(fs["name"]):
+            return 400, _error("filesystems/filesystem-in-use", "Filesystem is in use.",
+                               "Terminate the instances using this filesystem, then try again.")
+        del self.filesystems[fs_id]
+        shutil.rmtree(self.filesystem_dir(fs_id), ignore_errors=True)
+        return 200, {"data": {"deleted_ids": [fs_id]}}
+
+    def _mounts(self, body: dict, region: str):
+        """[(filesystem, where it is mounted)] for a launch, or the refusal (status, answer)."""
+        names = body.get("file_system_names") or []
+        asked = {m.get("file_system_id"): m.get("mount_point") for m in body.get("file_system_mounts") or []
+                 if isinstance(m, dict)}
+        for at in asked.values():
+            if not isinstance(at, str) or not re.fullmatch(r"(/home|/lambda/nfs|/data)[//a-zA-Z0-9-]*", at) \
+                    or len(at) > 256:
+                return 400, _error("global/invalid-parameters", f"Invalid mount point {at!r}.")
+        by_name = {f["name"]: f for f in self.filesystems.values()}
+        wanted = [by_name.get(n) for n in names] + [self.filesystems.get(i) for i in asked
+                                                     if self.filesystems.get(i, {}).get("name") not in names]
+        if any(f is None for f in wanted):
+            return 404, _error("global/object-does-not-exist", "Filesystem was not found.")
+        if len(wanted) > 1:
+            return 400, _error("global/invalid-parameters", "This fake mounts one filesystem per instance.")
+        for f in wanted:
+            if f["region"]["name"] != region:
+                return 400, _error("instance-operations/launch/file-system-in-wrong-region",
+                                   f"Filesystem {f['name']!r} is in {f['region']['name']}, not in {region}.")
+        return [(f, asked.get(f["id"]) or f["mount_point"]) for f in wanted]
 
     def _add_key(self, body: dict):
         name = body.get("name")

@@ -31,6 +31,19 @@ where that is written:
   same to ``pod(input: {podId})`` for a new pod: it answers null for the next N lookups (the
   create's own answer still carries the pod, as RunPod's does).
 
+- **Network volumes** (RunPod docs, "Network volumes", docs.runpod.io/storage/network-volumes, and
+  "Storage options", docs.runpod.io/pods/storage/types; the GraphQL calls dstack's RunPod client
+  sends, src/dstack/_internal/core/backends/runpod/api_client.py): ``createNetworkVolume(input:
+  {name, size, dataCenterId})`` in a data center that has network storage (``dataCenters``'
+  ``storageSupport``), size 1 to 4000 GB (REST v1 ``POST /networkvolumes``); ``deleteNetworkVolume(
+  input: {id})``; ``myself { networkVolumes { id name size dataCenterId } }``. A pod deployed with
+  ``networkVolumeId`` runs in the volume's data center (a ``dataCenterId`` naming another is
+  refused; a GPU type out of stock there is no capacity), on Secure Cloud, with the volume in place
+  of its volume disk at ``volumeMountPath`` (``/workspace`` when none is sent: the docs' default);
+  every pod of the volume sees the same files. ``dataCenters { id name storageSupport listed
+  gpuAvailability { gpuTypeId stockStatus available } }`` says which GPU types are in stock where
+  (``data_centers`` sets it).
+
     with FakeRunPod(tmp_path) as fake:       # or the ``fake_runpod`` fixture
         os.environ["RUNPOD_API_BASE_URL"] = fake.url
         RunPodProvider(fake.settings())
@@ -84,6 +97,15 @@ DEFAULT_GPUS = [
      "securePrice": 2.99, "communityPrice": 2.69, "minimumBidPrice": 1.75, "stockStatus": "Medium"},
 ]
 
+# Data centers: which have network storage and which GPU types are in stock in each (an id of
+# DEFAULT_GPUS). Every pod that names no data center lands wherever its GPU type is.
+DEFAULT_DATA_CENTERS = [
+    {"id": "EU-RO-1", "name": "Romania", "storageSupport": True,
+     "stock": {"NVIDIA GeForce RTX 4090": "High", "NVIDIA RTX A6000": "Low", "NVIDIA H100 80GB HBM3": "Medium"}},
+    {"id": "US-KS-2", "name": "Kansas", "storageSupport": True, "stock": {"NVIDIA GeForce RTX 3090": "Medium"}},
+    {"id": "EU-SE-1", "name": "Sweden", "storageSupport": False, "stock": {"NVIDIA GeForce RTX 4090": "Low"}},
+]
+
 # Input fields each mutation accepts (a subset of RunPod's schema; anything else is a validation
 # error, as on RunPod: ``deployCpuPodInput`` has no ``volumeInGb``).
 _COMMON = {"name", "imageName", "cloudType", "containerDiskInGb", "dataCenterId", "networkVolumeId",
@@ -100,7 +122,10 @@ INPUTS = {
     "podStop": ("PodStopInput", {"podId", "incrementVersion"}),
     "podResume": ("PodResumeInput", {"podId", "gpuCount", "syncMachine", "allowedCudaVersions"}),
     "podTerminate": ("PodTerminateInput", {"podId"}),
+    "createNetworkVolume": ("CreateNetworkVolumeInput", {"name", "size", "dataCenterId"}),
+    "deleteNetworkVolume": ("DeleteNetworkVolumeInput", {"id"}),
 }
+VOLUME_MUTATIONS = ("createNetworkVolume", "deleteNetworkVolume")
 
 
 class GraphQLError(Exception):
@@ -269,6 +294,8 @@ class Pod:
     stuck: bool = False  # its container never starts (a driver older than the image's CUDA)
     hidden_listings: int = 0  # listings of ``myself { pods }`` left that do not show it yet
     hidden_lookups: int = 0  # ``pod(input: {podId})`` queries left that answer null for it
+    network_volume: str | None = None  # the id of the network volume it mounts
+    data_center: str | None = None
     gone_polls: int = 0  # polls left showing TERMINATED before the pod vanishes
     started: float = field(default_factory=time.time)
     changed: float = field(default_factory=time.time)
@@ -312,6 +339,8 @@ class FakeRunPod:
         self.fail_terminate = 0
         self.host_cudas = list(HOST_CUDAS)
         self.image_files: dict[str, dict] = {}
+        self.data_centers = [dict(c, stock=dict(c["stock"])) for c in DEFAULT_DATA_CENTERS]
+        self.network_volumes: dict[str, dict] = {}  # id -> {id, name, size, dataCenterId}
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -430,13 +459,12 @@ class FakeRunPod:
                     if self.listing_failure == "null":
                         return None
                     raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
-                pods = []
-                for p in list(self.pods.values()):
-                    if p.hidden_listings > 0:  # not listed yet (listing lag)
-                        p.hidden_listings -= 1
-                    elif p.status != "TERMINATED":
-                        pods.append(self._pod_view(p.id))
-                return project({"id": "user-1", "pods": pods}, f.selections, "User")
+                # Each list is made only when asked for: a listing of volumes moves no pod's listing lag.
+                volumes = lambda: [self._volume_view(v) for v in self.network_volumes.values()]  # noqa: E731
+                return project({"id": "user-1", "pods": self._listed_pods, "networkVolumes": volumes},
+                               f.selections, "User")
+            if f.name == "dataCenters":
+                return project([self._center_view(c) for c in self.data_centers], f.selections, "DataCenter")
             raise GraphQLError(f'Cannot query field "{f.name}" on type "Query".', 400, "GRAPHQL_VALIDATION_FAILED")
         if f.name not in INPUTS:
             raise GraphQLError(f'Cannot query field "{f.name}" on type "Mutation".', 400, "GRAPHQL_VALIDATION_FAILED")
@@ -449,6 +477,9 @@ class FakeRunPod:
             if key not in allowed:
                 raise GraphQLError(f'Field "{key}" is not defined by type "{type_name}".', 400,
                                    "GRAPHQL_VALIDATION_FAILED")
+        if f.name in VOLUME_MUTATIONS:
+            self._check_scope(scope, None)
+            return getattr(self, "_" + f.name)(given, f)
         if f.name in ("podFindAndDeployOnDemand", "deployCpuPod"):
             self._check_scope(scope, None)
             return project(self._pod_view(self._create(f.name, given)), f.selections, "Pod")
@@ -459,6 +490,51 @@ class FakeRunPod:
             raise GraphQLError("Pod not found")
         getattr(self, "_" + f.name)(pod, given)
         return None if f.name == "podTerminate" else project(self._pod_view(pod_id), f.selections, "Pod")
+
+    def _listed_pods(self) -> list[dict]:
+        pods = []
+        for p in list(self.pods.values()):
+            if p.hidden_listings > 0:  # not listed yet (listing lag)
+                p.hidden_listings -= 1
+            elif p.status != "TERMINATED":
+                pods.append(self._pod_view(p.id))
+        return pods
+
+    # -- network volumes ------------------------------------------------------------------
+    def _center_view(self, c: dict) -> dict:
+        return {"id": c["id"], "name": c["name"], "location": c["name"], "listed": True,
+                "storageSupport": c["storageSupport"],
+                "gpuAvailability": [{"gpuTypeId": g, "stockStatus": level, "available": bool(level),
+                                     "displayName": next((x["displayName"] for x in self.gpus if x["id"] == g), g)}
+                                    for g, level in c["stock"].items()]}
+
+    def _volume_view(self, v: dict) -> dict:
+        center = next(c for c in self.data_centers if c["id"] == v["dataCenterId"])
+        return {**v, "dataCenter": {"id": center["id"], "name": center["name"]}}
+
+    def volume_dir(self, volume_id: str) -> Path:
+        """Where a network volume's files are (every pod that mounts it sees this folder)."""
+        return self.root / "network-volumes" / volume_id
+
+    def _createNetworkVolume(self, given: dict, f: Field) -> dict:  # noqa: N802 - named after the mutation
+        name, size, center = given.get("name"), given.get("size"), given.get("dataCenterId")
+        if not isinstance(name, str) or not name or not isinstance(size, int) or isinstance(size, bool):
+            raise GraphQLError("name and size are required", 400, "BAD_USER_INPUT")
+        if not 1 <= size <= 4000:
+            raise GraphQLError("Network volume size must be between 1 and 4000 GB", 200, "BAD_USER_INPUT")
+        found = next((c for c in self.data_centers if c["id"] == center), None)
+        if found is None or not found["storageSupport"]:
+            raise GraphQLError(f"Data center {center!r} does not support network volumes", 200, "BAD_USER_INPUT")
+        vid = "".join(random.choices(string.ascii_lowercase + string.digits, k=10))
+        self.network_volumes[vid] = {"id": vid, "name": name, "size": size, "dataCenterId": center}
+        self.volume_dir(vid).mkdir(parents=True)
+        return project(self._volume_view(self.network_volumes[vid]), f.selections, "NetworkVolume")
+
+    def _deleteNetworkVolume(self, given: dict, f: Field) -> None:  # noqa: N802
+        if self.network_volumes.pop(str(given.get("id")), None) is None:
+            raise GraphQLError("Network volume not found")
+        shutil.rmtree(self.volume_dir(str(given["id"])), ignore_errors=True)
+        return None
 
     def _check_scope(self, scope: str | None, pod_id: str | None) -> None:
         if scope is not None and pod_id != scope:
@@ -529,6 +605,7 @@ class FakeRunPod:
                 raise GraphQLError('Field "env" expects [EnvironmentVariableInput] {key, value}', 400,
                                    "GRAPHQL_VALIDATION_FAILED")
             env[item["key"]] = item["value"]
+        network, center = self._network_volume(given)
         gpu, count, host_cuda = None, 0, None
         if mutation == "deployCpuPod":
             flavor = str(given.get("instanceId") or "cpu3c-2-4")
@@ -552,6 +629,8 @@ class FakeRunPod:
                 raise GraphQLError(NO_CAPACITY)
             cost, pod_type = round(min(prices) * count, 4), "RESERVED"
             host_cuda = self._place(given)
+            if center is not None and not center["stock"].get(gpu["id"]):
+                raise GraphQLError(NO_CAPACITY)  # not in stock in the data center its volume is in
         pod_id = _pod_id()
         root = self.root / pod_id
         root.mkdir(parents=True)
@@ -562,12 +641,30 @@ class FakeRunPod:
                   mount=given.get("volumeMountPath") if volume else None, root=root,
                   key="rpa_pod_" + secrets.token_hex(12), vcpus=vcpus, memory_gb=memory, host_cuda=host_cuda,
                   hidden_listings=self.listing_lag, hidden_lookups=self.lookup_lag)
+        if network is not None:  # in place of the volume disk, at the path asked (docs' default /workspace)
+            pod.network_volume, pod.data_center = network["id"], network["dataCenterId"]
+            pod.mount = str(given.get("volumeMountPath") or "/workspace")
         self.pods[pod_id] = pod
         self._boot(pod)
         if self.fail_create_after > 0:  # RunPod has answered 500 after making the pod
             self.fail_create_after -= 1
             raise GraphQLError(SOMETHING_WRONG, 500, "INTERNAL_SERVER_ERROR")
         return pod_id
+
+    def _network_volume(self, given: dict) -> tuple[dict | None, dict | None]:
+        """(the network volume a deploy mounts, its data center), or (None, None)."""
+        vid = given.get("networkVolumeId")
+        if vid is None:
+            return None, None
+        network = self.network_volumes.get(str(vid))
+        if network is None:
+            raise GraphQLError(f"Network volume {vid!r} not found")
+        if given.get("dataCenterId") not in (None, network["dataCenterId"]):
+            raise GraphQLError(f"Network volume {vid} is in data center {network['dataCenterId']}, not "
+                               f"{given['dataCenterId']}")
+        if str(given.get("cloudType") or "SECURE") != "SECURE":  # docs: network volumes are Secure Cloud only
+            raise GraphQLError("Network volumes are only available on Secure Cloud")
+        return network, next(c for c in self.data_centers if c["id"] == network["dataCenterId"])
 
     def _place(self, given: dict) -> str:
         """The CUDA of the host a GPU pod lands on: the first whose version the create allows
@@ -598,7 +695,9 @@ class FakeRunPod:
             # RunPod's images (runpod/containers, official-templates/base start.sh): new SSH host keys
             # at every start, the container's environment written to /etc/rp_environment and sourced
             # at the end of ~/.bashrc (after Ubuntu's early return for non-interactive shells).
-            pod.host = Host(pod.root, env=container_env, mount_path=pod.mount if pod.volume_gb else None,
+            shared = self.volume_dir(pod.network_volume) if pod.network_volume else None
+            pod.host = Host(pod.root, env=container_env, volume=shared,
+                            mount_path=pod.mount if pod.volume_gb or pod.network_volume else None,
                             keep_container_disk=False, new_host_keys_each_boot=True,
                             env_file="/etc/rp_environment", bashrc_tail="source /etc/rp_environment\n")
             pod.host.files.update(self.image_files)

@@ -47,6 +47,19 @@ docs.vast.ai; "issue 13" the project's issue that read these sources):
   example: storage_cost × GB / 720 = dph_total − dph_base); rows carry ``storage_total_cost``
   (the SDK's offer model has it: vastai/data/offer.py).
 
+- **Volumes** (docs "Volumes", guides/instances/storage/volumes; API reference "search volumes",
+  "rent volume", "list volumes", "delete volume"; "create instance"'s ``volume_info``): local to one
+  machine. Every machine of the catalog offers its disk as a volume offer (``POST
+  /api/v0/volumes/search/``, filtered like offers, ``allocated_storage`` pricing it); ``PUT
+  /api/v0/volumes/ {id, size, name}`` rents one (name: letters, digits, underscores, at most 64) and
+  answers ``volume_name: "V.<id>"``; ``GET /api/v0/volumes`` lists them with the ``instances``
+  using each; ``DELETE /api/v0/volumes/`` (the id in the query, as the SDK sends it, or the body, as
+  the reference shows) answers 404 ``no_such_volume`` for none, and refuses while an instance that
+  is not destroyed uses it (its code is not documented: a placeholder). An instance created with
+  ``volume_info {create_new: false, volume_id, mount_path}`` must be on the volume's machine (code
+  not documented either) and sees the volume's folder at ``mount_path``; every instance of the
+  volume sees the same files.
+
 The filter matcher is stricter than Vast: an unknown field, or a number sent as a string (what
 the SDK's ``parse_query`` does), matches nothing, so such a query finds no offer.
 
@@ -184,6 +197,8 @@ class FakeVast:
         self.direct_works = direct_works  # False: the direct SSH route is firewalled (Vast as it is)
         self.scheduling_polls = scheduling_polls  # GETs a start shows scheduling when its GPU is free
         self.requests: list[Recorded] = []
+        self.volumes: dict[int, dict] = {}  # rented volumes, as ``show volumes`` rows
+        self._next_volume = 30_000_001
         self.instances: dict[int, dict] = {}
         self._private: dict[int, dict] = {}  # per instance: its host, routes, container key, polls...
         self._faults: list[Fault] = []
@@ -360,6 +375,17 @@ class FakeVast:
         if m := re.fullmatch(r"/api/v0/asks/(\d+)/", path):
             if method == "PUT":
                 return self._create(int(m[1]), body or {})
+        if path == "/api/v0/volumes/search/" and method == "POST":
+            return 200, {"offers": self._volume_offers(body or {})}
+        if path in ("/api/v0/volumes", "/api/v0/volumes/"):
+            if method == "GET":
+                kind = query.get("type", "all_volume")
+                return 200, {"volumes": copy.deepcopy(list(self.volumes.values()))
+                             if kind in ("local_volume", "all_volume") else []}
+            if method == "PUT":
+                return self._rent_volume(body or {})
+            if method == "DELETE":
+                return self._delete_volume(query.get("id", (body or {}).get("id")))
         if path == "/api/v1/instances/" and method == "GET":
             return self._list(query)
         if m := re.fullmatch(r"/api/v0/instances/(\d+)/ssh/", path):
@@ -405,6 +431,82 @@ class FakeVast:
             found.sort(key=lambda r: r.get(name, 0), reverse=direction == "desc")
         return found[: int(limit)] if limit else found
 
+    # -- volumes ---------------------------------------------------------------------------
+    def volume_dir(self, volume_id: int) -> Path:
+        """The volume's files, on its machine: every instance that links it sees this folder."""
+        return self.root / "volumes" / str(volume_id)
+
+    def _volume_offers(self, q: dict) -> list[dict]:
+        q = dict(q)
+        storage = float(q.pop("allocated_storage", 1.0))
+        order = q.pop("order", [["score", "desc"]])
+        limit = q.pop("limit", None)
+        found = []
+        for offer in self.offers:
+            used = sum(v["disk_space"] for v in self.volumes.values() if v["machine_id"] == offer["machine_id"])
+            row = {"id": offer["id"] + 8000, "ask_contract_id": offer["id"] + 8000, "machine_id": offer["machine_id"],
+                   "host_id": offer["host_id"], "disk_space": offer["disk_space"] - used,
+                   "storage_cost": offer["storage_cost"],
+                   "storage_total_cost": storage_hr(offer["storage_cost"], storage),
+                   "reliability": offer["reliability"], "reliability2": offer["reliability"],
+                   "verified": offer["verified"], "verification": offer["verification"], "external": False,
+                   "geolocation": offer["geolocation"], "inet_down": offer["inet_down"], "inet_up": offer["inet_up"],
+                   "cuda_max_good": offer["cuda_max_good"], "start_date": time.time() - 86400, "score": offer["score"]}
+            if matches(row, q):
+                found.append(row)
+        for name, direction in reversed(order):
+            found.sort(key=lambda r: r.get(name, 0), reverse=direction == "desc")
+        return found[: int(limit)] if limit else found
+
+    def _rent_volume(self, body: dict):
+        size, name = body.get("size"), body.get("name")
+        offer = next((o for o in self._volume_offers({}) if o["id"] == body.get("id")), None)
+        if offer is None:
+            return 404, {"success": False, "error": "no_such_ask", "msg": f"Volume offer {body.get('id')} not found."}
+        if not isinstance(size, int) or not 0 < size <= offer["disk_space"]:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": f"size must be 1 to {offer['disk_space']:.0f} GB on this machine"}
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_]{1,64}", str(name)):
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "name must be alphanumeric with underscores, at most 64 characters"}
+        vid = self._next_volume
+        self._next_volume += 1
+        self.volumes[vid] = {"id": vid, "label": name, "disk_space": float(size), "machine_id": offer["machine_id"],
+                             "host_id": offer["host_id"], "status": "running", "start_date": time.time(),
+                             "storage_total_cost": storage_hr(offer["storage_cost"], size),
+                             "geolocation": offer["geolocation"], "instances": []}
+        self.volume_dir(vid).mkdir(parents=True)
+        return 200, {"success": True, "volume_name": f"V.{vid}"}
+
+    def _delete_volume(self, vid):
+        try:
+            row = self.volumes.get(int(vid))
+        except (TypeError, ValueError):
+            return 400, {"success": False, "error": "invalid_args", "msg": "Please provide a valid volume ID."}
+        if row is None:
+            return 404, {"success": False, "error": "no_such_volume", "msg": "Volume with that ID does not exist."}
+        if row["instances"]:
+            return 400, {"success": False, "error": "volume_in_use",
+                         "msg": "Destroy every instance using this volume before deleting it."}
+        del self.volumes[int(vid)]
+        shutil.rmtree(self.volume_dir(int(vid)), ignore_errors=True)
+        return 200, {"success": True}
+
+    def _linked(self, offer: dict, body: dict):
+        """The volume an instance create links, checked: (volume row, mount path), None, or a refusal."""
+        info = body.get("volume_info")
+        if not info:
+            return None
+        if info.get("create_new"):
+            return 400, {"success": False, "error": "invalid_args", "msg": "This fake links existing volumes only."}
+        row = self.volumes.get(info.get("volume_id"))
+        if row is None:
+            return 404, {"success": False, "error": "no_such_volume", "msg": "Volume with that ID does not exist."}
+        if row["machine_id"] != offer["machine_id"]:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": f"Volume {row['id']} is on machine {row['machine_id']}, not {offer['machine_id']}."}
+        return row, str(info.get("mount_path"))
+
     # -- instances -------------------------------------------------------------------------
     def _create(self, offer_id: int, body: dict):
         offer = next((o for o in self.offers if o["id"] == offer_id), None)
@@ -418,6 +520,9 @@ class FakeVast:
             return 200, {"success": False, "error": "invalid_args",
                          "msg": f"disk {disk} GB exceeds the {offer['disk_space']} GB this machine offers"}
         bid = body.get("price")
+        linked = self._linked(offer, body)
+        if linked is not None and not isinstance(linked[0], dict):
+            return linked  # refused
         if offer_id in self._taken:
             self._taken.discard(offer_id)
             offer["rented"] = True  # someone else's now; the catalog catches up
@@ -434,7 +539,7 @@ class FakeVast:
                                        actual_status="stopped")
             return 200, {"success": True, "new_contract": iid}
         offer["rented"] = True
-        iid = self._new_instance(offer, body, bid, holds_offer=True)
+        iid = self._new_instance(offer, body, bid, holds_offer=True, linked=linked)
         if bid is not None and bid < offer["min_bid"]:
             # dstack's client: a bid that is too low still creates the instance, stopped, and the
             # answer is an error carrying its id. (The code is not documented.)
@@ -445,7 +550,7 @@ class FakeVast:
                          "msg": f"Your bid {bid} is below the minimum bid {offer['min_bid']} for this machine."}
         return 200, {"success": True, "new_contract": iid}
 
-    def _new_instance(self, offer: dict, body: dict, bid: float | None, holds_offer: bool) -> int:
+    def _new_instance(self, offer: dict, body: dict, bid: float | None, holds_offer: bool, linked=None) -> int:
         iid = self._next_id
         self._next_id += 1
         disk = float(body.get("disk") or 10)
@@ -459,7 +564,10 @@ class FakeVast:
         })
         # A Vast.ai instance keeps its whole disk across a stop; the container's environment is not
         # exported to SSH sessions (hosts.py).
-        host = Host(self.root / str(iid), env=host_env, keep_container_disk=True)
+        volume, at = (self.volume_dir(linked[0]["id"]), linked[1]) if linked else (None, None)
+        host = Host(self.root / str(iid), env=host_env, keep_container_disk=True, volume=volume, mount_path=at)
+        if linked:
+            linked[0]["instances"].append(iid)
         silent = Silent(host.address)  # the firewalled direct port (bound first: the sshd's port differs)
         port = free_port(host.address)
         relay = Relay((host.address, port), address=PROXY_HOST)
@@ -595,6 +703,8 @@ class FakeVast:
         if own["holds_offer"]:
             own["offer"]["rented"] = False
         own["destroyed"] = True
+        for volume in self.volumes.values():  # its volume is free again
+            volume["instances"] = [i for i in volume["instances"] if i != iid]
         # docs "show instance": cur_state "unloaded (released on destroy)".
         row.update(cur_state="unloaded", intended_status="stopped", next_state="stopped", actual_status="stopped",
                    ports={})

@@ -68,10 +68,11 @@ class JobKind(ABC):
 
     # -- an attempt ----------------------------------------------------------------------------
     @abstractmethod
-    def launch(self, orch, job, nodes: list, copy: int | None) -> Launched:
+    def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
         """Start the work on ready machines (rank order, the head first), restoring the job's
         checkpoint copy ``copy`` on every one of them first where there is one (a copy that proves
-        unusable there is dropped, and the attempt starts afresh)."""
+        unusable there is dropped, and the attempt starts afresh). ``kept``: ids of the nodes that
+        ran this job's work before (the survivors of a lost node): their setup and data stand."""
 
     @abstractmethod
     def read(self, orch, inst, run) -> dict:
@@ -80,6 +81,10 @@ class JobKind(ABC):
     @abstractmethod
     def watch(self, orch, job, inst, run, view: dict) -> None:
         """While it runs: what comes home as it goes, and the checkpoint copy when it is due."""
+
+    def due_in(self, job) -> float | None:
+        """Seconds until its next timed checkpoint copy (``watcher`` looks then); None: none is timed."""
+        return None
 
     @abstractmethod
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:

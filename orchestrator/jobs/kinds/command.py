@@ -22,7 +22,8 @@ from pathlib import Path
 from orchestrator import claims
 from orchestrator.errors import OrchError
 from orchestrator.jobs.kinds.base import JobKind, Launched
-from orchestrator.jobs.record import checkpoint_dir, loads, note, weights_dir
+from orchestrator.jobs.record import checkpoint_dir, copies, loads, log_tail, note_once, tail_lines, weights_dir
+from orchestrator.nodes import is_plain_ip
 from orchestrator.task import CommandSpec
 from orchestrator.text import clean
 from orchestrator.text import why as _why
@@ -35,67 +36,104 @@ def prepare(cmd: CommandSpec, home: Path, say) -> CommandSpec:
     """The workdir packed into orch's cache (again, when the cache was cleaned since)."""
     from orchestrator import workdir
 
-    if cmd.workdir and not (cmd.workdir_tar and Path(cmd.workdir_tar).is_file()):
-        total, count = workdir.measure(Path(cmd.workdir), cmd.workdir_max_mb, "workdir")
-        tar, size = workdir.pack(Path(cmd.workdir), Path(home) / "cache")
-        cmd.workdir_tar, cmd.workdir_bytes = str(tar), size
-        say(f"      workdir: {count} file(s), {total / 1e6:.2f} MB from {cmd.workdir}")
-    return cmd
+    return workdir.ready(cmd, Path(home) / "cache", say)  # the job's own content, or refused
 
 
-def node_environment(cmd: CommandSpec, ip: str, gpus: int, checkpoint: str | None) -> dict[str, str]:
+def node_environment(cmd: CommandSpec, rank: int, ips: list[str], gpus: int, port: int | None,
+                     checkpoint: str | None) -> dict[str, str]:
+    """The user's env, then what orch tells every node (``nodes.node_env``: orch's names win)."""
     from orchestrator.nodes import node_env
 
     env = dict(cmd.env)
-    env.update(node_env(0, [ip], gpus))
+    env.update(node_env(rank, ips, gpus, master_port=port))
     if checkpoint:
         env["ORCH_CHECKPOINT_DIR"] = checkpoint
     return env
 
 
-def launch(orch, inst, cmd: CommandSpec, restore_from: Path | None):
-    """Start the command on a ready instance; returns the ledger's run row (running)."""
-    from orchestrator import task
+def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept: frozenset = frozenset(),
+           reuse_workdir: bool = False):
+    """Start the command on every node of a ready group (one machine: a group of one), ranks in
+    the nodes' order: the workdir up and the checkpoint folder restored on each (in parallel),
+    a port free on the head, then every node started. A node in ``kept`` (a survivor of a lost
+    peer) keeps its workdir as the command left it (downloads, caches) and skips ``setup``, which
+    succeeded there; ``reuse_workdir`` (`orch exec` without a workdir) keeps every node's as it is.
+    Returns the head's run row (running); a node that could not start ends the
+    others' commands before the error goes on."""
+    from orchestrator import parallel as par
+    from orchestrator import remote, task, volume_mounts
     from orchestrator.kill_points import kill_point
-    from playbooks import command, host
+    from playbooks import command, host, train
 
     secrets = task.secret_values(cmd.secrets)  # refused before anything is written
     prepare(cmd, orch.home, orch.say)
-    with orch.connect(inst) as c:
-        work = host.workdir(c)
-        orch.say("      uploading the workdir" if cmd.workdir else "      an empty workdir")
-        cwd = command.upload_workdir(c, Path(cmd.workdir_tar) if cmd.workdir else None)
-        ckpt = f"{cwd}/{cmd.checkpoint}" if cmd.checkpoint else None
-        if ckpt and restore_from is not None:
-            count = command.restore(c, restore_from, ckpt)
-            orch.say(f"      checkpoint folder restored: {count} file(s) from {restore_from}")
-        elif ckpt:
-            from orchestrator import remote
+    size, head = len(nodes), nodes[0]
 
-            remote.run(c, f"mkdir -p {_q(ckpt)}")
-        ip = command.private_ip(c, inst.ssh_host if _is_ip(inst.ssh_host) else "127.0.0.1")
-        env = node_environment(cmd, ip, 0 if inst.cpu_only else (inst.gpus or 1), ckpt)
-        run = orch.ledger.add_run(instance_id=inst.id, model="command", data=cmd.workdir or "-",
-                                  data_bytes=cmd.workdir_bytes, epochs=0, gpu_name=inst.gpu_name, state="starting")
-        run_dir = f"{work}/runs/r{run.id}"
-        kill_point("before-train")
-        pid = command.start(c, run_dir, cwd, cmd.setup, cmd.run, env, secrets)
-    run = orch.ledger.update_run(run.id, run_dir=run_dir, pid=pid, state="running", ended_at=None,
-                                 args=json.dumps({"kind": "command"}, sort_keys=True))
-    orch.ledger.note(inst.id, f"command started: pid {pid}" + (" (checkpoint folder restored)" if restore_from else ""),
-                     orch.actor)
-    orch.say(f"      command started, pid {pid}, run {run_dir}")
+    def stage(rank: int) -> dict:
+        node = nodes[rank]
+        with orch.connect(node) as c:
+            work = host.workdir(c)
+            cwd = command.task_dir(c) if node.id in kept or reuse_workdir else \
+                command.upload_workdir(c, Path(cmd.workdir_tar) if cmd.workdir else None)
+            if reuse_workdir:  # a machine no command ran on yet has none
+                remote.run(c, f"mkdir -p {_q(cwd)}")
+            ckpt = f"{cwd}/{cmd.checkpoint}" if cmd.checkpoint else None
+            restored = None
+            if ckpt and restore_from is not None:
+                restored = command.restore(c, restore_from, ckpt)
+            elif ckpt:
+                remote.run(c, f"mkdir -p {_q(ckpt)}")
+            ip = node.private_ip if size > 1 and is_plain_ip(node.private_ip) else \
+                command.private_ip(c, node.ssh_host if is_plain_ip(node.ssh_host) else "127.0.0.1")
+        return {"work": work, "cwd": cwd, "ckpt": ckpt, "ip": ip, "restored": restored}
+
+    orch.say("      uploading the workdir" + (f" to {size} nodes" if size > 1 else "") if cmd.workdir
+             else "      the workdir as the last command left it" if reuse_workdir else "      an empty workdir")
+    staged = _all(nodes, par.each(stage, list(range(size)), size), "staging")
+    if restore_from is not None and cmd.checkpoint:
+        orch.say(f"      checkpoint folder restored: {staged[0]['restored']} file(s) from {restore_from}"
+                 + (" on every node" if size > 1 else ""))
+    ips = [s["ip"] for s in staged]
+    with orch.connect(head) as c:
+        port = train.free_port(c, ips[0]) if size > 1 else train.free_port(c, "127.0.0.1")
+    gpus = 0 if head.cpu_only else (head.gpus or 1)
+    runs: list = [None] * size
+
+    def start(rank: int) -> int:
+        node, s = nodes[rank], staged[rank]
+        env = node_environment(cmd, rank, ips, gpus, port, s["ckpt"])
+        env.update(volume_mounts.env(orch, node, cmd.env, cmd.secrets))  # ORCH_VOLUMES, HF_HOME on the volume
+        run = orch.ledger.add_run(instance_id=node.id, model="command", data=cmd.workdir or "-",
+                                  data_bytes=cmd.workdir_bytes, epochs=0, gpu_name=node.gpu_name, state="starting")
+        run_dir = f"{s['work']}/runs/r{run.id}"
+        with orch.connect(node) as c:
+            kill_point("before-train")
+            pid = command.start(c, run_dir, s["cwd"], None if node.id in kept else cmd.setup, cmd.run, env, secrets)
+        runs[rank] = orch.ledger.update_run(run.id, run_dir=run_dir, pid=pid, state="running", ended_at=None,
+                                            args=json.dumps({"kind": "command", "node_rank": rank, "secrets": cmd.secrets},
+                                                           sort_keys=True))
+        orch.ledger.note(node.id, f"command started: pid {pid}" + (f", node {rank} of {size}" if size > 1 else "")
+                         + (" (checkpoint folder restored)" if restore_from else ""), orch.actor)
+        return pid
+
+    outcomes = par.each(start, list(range(size)), size)
+    if any(e is not None for _, e in outcomes) and size > 1:
+        from orchestrator import group_training
+
+        group_training.stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
+    pids = _all(nodes, outcomes, "starting the command")
+    run = runs[0]
+    orch.say(f"      command started, pid {pids[0]}, run {run.run_dir}" if size == 1 else
+             f"      command started on {size} nodes (pids {', '.join(map(str, pids))}); head {ips[0]}:{port}")
     return run
 
 
-def _is_ip(value) -> bool:
-    import ipaddress
+def _all(nodes: list, outcomes: list, what: str) -> list:
+    """``parallel.each``'s results, or the lowest rank's failure raised as the group's."""
+    from orchestrator.group_training import raise_first
 
-    try:
-        ipaddress.ip_address(str(value))
-        return True
-    except ValueError:
-        return False
+    raise_first(nodes, outcomes, what)
+    return [r for r, _ in outcomes]
 
 
 def _q(s: str) -> str:
@@ -110,25 +148,72 @@ def exit_code(raw_status) -> int | None:
 
 
 def read(orch, inst, run) -> dict:
-    """The command's state as ``training.read`` gives a training's, with ``exit_code`` and ``phase``."""
-    from orchestrator import training
+    """The command's state as ``training.read`` gives a training's, with ``exit_code`` and ``phase``.
+    On a group, every node's command counts: the job completes when each exited 0, and fails on the
+    first node (lowest rank) that exited otherwise, named with its rank and its log's last lines."""
+    from orchestrator import groups, training
     from playbooks import train
 
     with orch.connect(inst) as c:
         raw = train.status(c, run.run_dir, run.pid)
     view = training.digest(orch, run, raw)
+    _exit_of(orch, run, raw, view)
+    if not groups.is_group(inst) or view["exit_code"] not in (0, None):
+        return view
+    others = _other_nodes(orch, inst)
+    if view["exit_code"] == 0 and others["running"]:
+        view["state"] = "running"  # the head is done; the job waits for every node
+    if others["failed"] is not None:
+        rank, code, phase, tail = others["failed"]
+        view.update(state="failed", exit_code=code, phase=phase, node_rank=rank, node_tail=tail)
+    return view
+
+
+def _exit_of(orch, run, raw, view: dict) -> None:
     st = raw.get("status") if isinstance(raw, dict) else None
     view["exit_code"] = exit_code(st)
     phase = st.get("phase") if isinstance(st, dict) else None
     view["phase"] = phase if phase in ("setup", "run") else None
     if view["exit_code"] is not None:
         record_exit(orch, run, view["exit_code"], view["phase"])
-    return view
+
+
+def _other_nodes(orch, head) -> dict:
+    """Every other node's command: whether any still runs, and the lowest rank that exited non-zero
+    (rank, code, phase, its log's last lines). A node that cannot be read is left to the loss check
+    (``jobs.group.lost_node``)."""
+    from orchestrator import groups, states
+    from orchestrator.errors import SSHError
+    from playbooks import train
+
+    running, failed = False, None
+    for node in groups.members(orch.ledger, head):
+        if node.id == head.id or node.state != states.READY:
+            continue
+        run = orch.ledger.latest_run(node.id)
+        if run is None or not run.run_dir:
+            running = True
+            continue
+        try:
+            with orch.connect(node) as c:
+                raw = train.status(c, run.run_dir, run.pid)
+                view: dict = {}
+                _exit_of(orch, run, raw, view)
+                tail = train.tail_log(c, 40) if view["exit_code"] not in (0, None) else ""
+        except SSHError:
+            running = True
+            continue
+        if view["exit_code"] is None:
+            running = True
+        elif view["exit_code"] != 0 and failed is None:
+            secrets = loads(run.args, {}).get("secrets") or []  # its secrets hidden, or no line kept
+            failed = (node.node_rank, view["exit_code"], view["phase"], tail_lines(tail, secrets))
+    return {"running": running, "failed": failed}
 
 
 def record_exit(orch, run, code: int, phase: str | None) -> None:
     """The exit code on the run row (its args), where `orch jobs show` finds it after the instance is gone."""
-    args = {"kind": "command", "exit_code": code, "phase": phase}
+    args = {**loads(run.args, {}), "kind": "command", "exit_code": code, "phase": phase}  # its secrets' names kept
     if run.args != json.dumps(args, sort_keys=True):
         orch.ledger.update_run(run.id, args=json.dumps(args, sort_keys=True))
 
@@ -222,15 +307,41 @@ def due(last_iso: str | None, minutes: float, now: datetime | None = None) -> bo
     return (now - last).total_seconds() >= minutes * 60
 
 
-def log_tail(path: Path, lines: int = 10) -> str:
-    """The last lines of a pulled log, printable, for a failure's reason."""
-    try:
-        data = Path(path).read_bytes()[-(64 << 10):].decode(errors="replace")
-    except OSError:
-        return ""
-    kept = [clean(line, 300) or "" for line in data.splitlines() if line.strip() and not line.startswith("[orch] ")]
-    kept = kept[-lines:]
-    return " | ".join(kept)
+NODE_LOG_BYTES = 2 << 20  # of each other node's log: its end, where a failure shows
+
+
+def node_log(dest: Path, rank: int) -> Path:
+    """Where node ``rank``'s log lands at home (the head's is ``train.log``, as on one machine)."""
+    return Path(dest) / ("train.log" if rank == 0 else f"train.node{rank}.log")
+
+
+def node_logs(orch, head, dest: Path, secret_names) -> list[str]:
+    """Every other node's log (its last ``NODE_LOG_BYTES``) home beside the head's, for ``orch jobs
+    logs NAME --node R`` once the group is gone; secret values hidden. A node that does not answer
+    is skipped (its log goes with it)."""
+    from orchestrator import groups, remote, states
+    from orchestrator.task import held_secrets
+    from orchestrator.text import redact
+
+    got = []
+    values, missing = held_secrets(secret_names)
+    if not groups.is_group(head) or missing:  # a log may show a secret this process could not hide
+        return got
+    for node in groups.members(orch.ledger, head):
+        run = orch.ledger.latest_run(node.id)
+        if node.id == head.id or node.state != states.READY or run is None or not run.run_dir:
+            continue
+        try:
+            with orch.connect(node) as c:
+                text = remote.run(c, f"tail -c {NODE_LOG_BYTES} {_q(run.run_dir + '/train.log')} 2>/dev/null",
+                                  check=False)
+        except OrchError:
+            continue
+        path = node_log(dest, node.node_rank or 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(redact(text, values) or "", errors="replace")
+        got.append(path.name)
+    return got
 
 
 class CommandKind(JobKind):
@@ -253,10 +364,10 @@ class CommandKind(JobKind):
         return f"waiting for an orch process with {', '.join(missing)} in its environment"
 
     # -- an attempt ----------------------------------------------------------------------------
-    def launch(self, orch, job, nodes: list, copy: int | None) -> Launched:
+    def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
         src = checkpoint_dir(orch.home, job.name, copy) if copy else None
         start = copy if src is not None and src.is_dir() else None
-        run = launch(orch, nodes[0], self.spec, src if start else None)
+        run = launch(orch, nodes, self.spec, src if start else None, kept)
         return Launched(run, start, f"checkpoint folder restored from copy {start}" if start is not None else "started")
 
     def read(self, orch, inst, run) -> dict:
@@ -269,7 +380,7 @@ class CommandKind(JobKind):
         try:
             training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), view=view, only_milestones=True)
         except OrchError as e:
-            note(orch, job, f"log not pulled this time: {_why(e)}", say=False)
+            note_once(orch, job, f"log not pulled this time: {_why(e)}", inst.name, say=False)
         cmd = self.spec
         if not cmd.checkpoint or not due(loads(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
             return
@@ -278,8 +389,22 @@ class CommandKind(JobKind):
             self._outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
         except OrchError as e:
             problem = _why(e)
-        if problem:
-            note(orch, orch.ledger.get_job(job.id), f"no checkpoint copy this time: {problem}", say=False)
+        if problem:  # once per attempt: the next look tries again, and says nothing new
+            note_once(orch, job, f"no checkpoint copy this time: {problem}", inst.name, say=False)
+
+    def due_in(self, job) -> float | None:
+        """Seconds until the checkpoint folder's next copy is due, so that whoever watches
+        (``watcher``) looks then: after a look that took none (none there yet, or it changed while
+        copied), one ``checkpoint_minutes`` later. None without a checkpoint folder."""
+        if not self.spec.checkpoint:
+            return None
+        every = self.spec.checkpoint_minutes * 60
+        try:
+            last = datetime.fromisoformat(loads(job.phases, {}).get("checkpoint_at") or "")
+        except (TypeError, ValueError):
+            return every
+        left = every - (datetime.now(timezone.utc) - last).total_seconds()
+        return left if left > 0 else every
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
         from orchestrator import training
@@ -289,8 +414,9 @@ class CommandKind(JobKind):
         return (f"took the checkpoint folder (copy {number}) from {inst.name}" if number else None), problem
 
     def _take(self, orch, job, inst) -> tuple[int | None, str | None]:
-        """The checkpoint folder home as copy K+1 (jobs/NAME/ckpt-K+1, the older copy dropped once it
-        is in); (K+1, None), or (None, why not)."""
+        """The checkpoint folder home as copy K+1 (jobs/NAME/ckpt-K+1; once it is in, the copies
+        older than the newest ``keep_checkpoints``, at least one, are dropped); (K+1, None), or
+        (None, why not)."""
         cmd = self.spec
         if not cmd.checkpoint:
             return None, None
@@ -302,30 +428,43 @@ class CommandKind(JobKind):
         phases = loads(orch.ledger.get_job(job.id).phases, {})
         phases["checkpoint_at"] = datetime.now(timezone.utc).isoformat()  # a string: phases() sums numbers only
         orch.ledger.update_job(job.id, phases=json.dumps(phases), checkpoint_epoch=number)
-        if old:
-            shutil.rmtree(checkpoint_dir(orch.home, job.name, old), ignore_errors=True)
+        for k in copies(orch.home, job.name)[:-max(cmd.keep_checkpoints, 1)]:
+            shutil.rmtree(checkpoint_dir(orch.home, job.name, k), ignore_errors=True)
         return number, None
 
     def _outputs(self, orch, job, inst, dest: Path, strict: bool = True) -> list[str]:
         got, missing = pull_outputs(orch, inst, self.spec, dest, strict=strict)
-        if missing:
-            note(orch, job, f"output(s) not found on {inst.name}: {', '.join(clean(m, 100) for m in missing)}")
+        if missing:  # said once per attempt: a look every few seconds finds them missing until the end
+            note_once(orch, job, f"output(s) not found on {inst.name}: {', '.join(clean(m, 100) for m in missing)}",
+                      inst.name)
         return got
 
     def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
         from orchestrator import training
 
         got, _ = training.pull(orch, inst, run, dest=dest, view=view)
+        got += node_logs(orch, inst, dest, self.spec.secrets)
+        if self.spec.checkpoint:  # the folder as the command left it: the copy kept after the job
+            try:
+                _, problem = self._take(orch, job, inst)
+            except OrchError as e:
+                problem = _why(e)
+            if problem:
+                note_once(orch, job, f"no last checkpoint copy: {problem}", inst.name, say=False)
         return got + self._outputs(orch, job, inst, dest, strict=strict)
 
     def final(self, view: dict) -> str | None:
         if view.get("state") != "failed":
             return None
         code, phase = view.get("exit_code"), view.get("phase") or "run"
-        return f"{phase} exited {code if code is not None else '?'}"
+        what = f"{phase} exited {code if code is not None else '?'}"
+        if view.get("node_rank"):  # another node than the head: its rank, and its own log's last lines
+            return f"node {view['node_rank']}: {what}" + (f"; its last lines: {view['node_tail']}"
+                                                          if view.get("node_tail") else "")
+        return what
 
     def failure_detail(self, dest: Path) -> str:
-        tail = log_tail(dest / "train.log")
+        tail = log_tail(dest / "train.log", self.spec.secrets)  # its secrets hidden, or no line kept
         return f"last lines: {tail}" if tail else ""
 
     def completed(self, job, how: str, dest: Path, ended: str) -> tuple[str, dict]:

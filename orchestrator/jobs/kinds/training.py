@@ -83,7 +83,8 @@ class TrainingKind(JobKind):
                            f"the copies pulled before, in {dest}", {"weights": str(dest)})
 
     # -- an attempt ----------------------------------------------------------------------------
-    def launch(self, orch, job, nodes: list, copy: int | None) -> Launched:
+    def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
+        # (a survivor's staged data stands without ``kept``: the upload resumes, a whole one is skipped)
         from orchestrator import group_training, training
 
         spec = self._prepared(orch)
@@ -118,7 +119,7 @@ class TrainingKind(JobKind):
             training.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), view=view,
                           only_milestones=True)
         except OrchError as e:
-            record.note(orch, job, f"milestones not pulled this time: {_why(e)}", say=False)
+            record.note_once(orch, job, f"milestones not pulled this time: {_why(e)}", inst.name, say=False)
         epoch = view.get("epoch") or 0
         if epoch > (job.checkpoint_epoch or 0):
             try:
@@ -126,7 +127,7 @@ class TrainingKind(JobKind):
             except OrchError as e:
                 problem = _why(e)
             if problem:
-                record.note(orch, orch.ledger.get_job(job.id), f"no resume copy this time: {problem}", say=False)
+                record.note_once(orch, job, f"no resume copy this time: {problem}", inst.name, say=False)  # once
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
         from orchestrator import training

@@ -1,0 +1,254 @@
+"""``orch schedule``: jobs that start themselves. ``add`` (a task file on a cron, in a time zone,
+under a price ceiling, inside a window), ``ls``, ``rm``, ``pause``, ``resume`` and ``run`` (once,
+now). Every argument and the whole task file are checked before anything is stored: one line,
+exit 2. What a pass does with a schedule is ``scheduling``'s; when it is due, ``cron``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.app import app, emit_json, open_orch, out, say
+from orchestrator.errors import UsageError
+from orchestrator.text import clean
+
+schedule_app = typer.Typer(help="Jobs that start themselves: a task file on a cron, in a time zone, under a price "
+                                "ceiling and inside a window, started by the reaper's passes.", no_args_is_help=True)
+app.add_typer(schedule_app, name="schedule")
+
+STAMP = len("-YYYYMMDD-HHMM")
+
+
+class _NoFlags:
+    """What ``task_run.resolve`` asks of `orch run`'s context: no `orch run` flag was given here
+    (the task file says it all; the schedule's own flags are the schedule's)."""
+
+    @staticmethod
+    def get_parameter_source(name):
+        return None
+
+
+def check_name(name: str) -> None:
+    from orchestrator import jobs
+    from orchestrator.lifecycle import check_name as check
+
+    check(name)
+    longest = jobs.MAX_NAME - STAMP
+    if len(name) > longest:
+        raise UsageError(f"a schedule's name has at most {longest} characters (its runs are NAME-YYYYMMDD-HHMM), "
+                         f"not {len(name)}")
+
+
+def _ceiling(value: float | None, flag: str) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0 <= value < 1e6):
+        raise UsageError(f"{flag} is a $ amount of 0 or more, not {value:g}")
+    return value
+
+
+@schedule_app.command("add")
+def add(
+    name: Optional[str] = typer.Argument(None, help="The schedule's name (default: the task's name:); its runs are "
+                                                    "NAME-YYYYMMDD-HHMM, at most 22 characters."),
+    file: Path = typer.Option(..., "--file", "-f", help="The task file each run runs (`orch run -f`); its workdir is "
+                                                        "snapshotted now."),
+    cron_expr: Optional[str] = typer.Option(None, "--cron", help="Five cron fields (minute hour day-of-month month "
+                                            "day-of-week) or @hourly/@daily/@weekly/@monthly; default: the file's "
+                                            "schedule: cron."),
+    tz: Optional[str] = typer.Option(None, "--tz", help="The zone the cron and the window are in (IANA name; "
+                                                        "default UTC)."),
+    max_price: Optional[float] = typer.Option(None, "--max-price", help="$/hr: a run with no ranked offer at or "
+                                              "under it is skipped, nothing rented."),
+    max_cost: Optional[float] = typer.Option(None, "--max-cost", help="$: a run whose plan is estimated above it (a "
+                                             "command's: $/hr x its max_hours) is skipped; it also caps each run "
+                                             "as `orch run --max-cost`."),
+    window: Optional[str] = typer.Option(None, "--window", help="HH:MM-HH:MM: a run starts only inside it; each pass "
+                                                                "tries again until it closes."),
+    overlap: Optional[str] = typer.Option(None, "--overlap", help="skip (default) or queue: a run due while the "
+                                                                  "last one is still active."),
+    misfire: Optional[str] = typer.Option(None, "--misfire", help="skip (default) or run-once: a run whose time "
+                                                                  "passed with no reaper pass."),
+    replace: bool = typer.Option(False, "--replace", help="Refresh the schedule of that name: the task file, a new "
+                                                          "snapshot of its workdir, and the flags."),
+):
+    """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
+    from orchestrator import config, cron, reaper_timer, scheduling, task
+    from orchestrator import ledger_schedules as ls
+    from orchestrator.cli import task_run
+
+    t, lines = task.load(file)
+    sec = t.schedule
+
+    def pick(flag_value, key: str, flag: str, default=None):
+        """(the value, where it came from): a flag given wins over the file's schedule: key."""
+        if flag_value is not None:
+            return flag_value, flag
+        value = getattr(sec, key) if sec is not None else None
+        return (value, f"{task.where(file, lines, 'schedule', key)}: schedule.{key}") if value is not None \
+            else (default, flag)
+
+    expr, where = pick(cron_expr, "cron", "--cron")
+    if expr is None:
+        raise UsageError(f"orch schedule add needs --cron EXPR, or schedule: {{cron: ...}} in {file}")
+    expr = cron.parse(expr, where)
+    tz_name, where = pick(tz, "tz", "--tz", "UTC")
+    cron.zone(tz_name, where)
+    win_text, where = pick(window, "window", "--window")
+    win = cron.parse_window(win_text, where) if win_text is not None else None
+    price, where = pick(max_price, "max_price", "--max-price")
+    price = _ceiling(price, where)
+    cost, where = pick(max_cost, "max_cost", "--max-cost")
+    cost = _ceiling(cost, where)
+    over, where = pick(overlap, "overlap", "--overlap", "skip")
+    cron.check_choice(over, cron.OVERLAP, where)
+    late, where = pick(misfire, "misfire", "--misfire", "skip")
+    cron.check_choice(late, cron.MISFIRE, where)
+    name = name or t.name
+    if not name:
+        raise UsageError(f"the schedule needs a NAME: `orch schedule add NAME -f {file} ...`, or name: in the file")
+    check_name(name)
+    if t.train is not None:
+        raise UsageError(f"{task.where(file, lines, 'train')}: a schedule runs a command task (run:); a train: task "
+                         "cannot be scheduled in this orch yet")
+
+    c = cron.Cron(expr, tz_name)
+    now = scheduling.utcnow()
+    due = c.next_after(now)
+    home = config.home()
+    values, missing, problem = scheduling.reaper_secrets(home, list(t.secrets))
+    if missing:
+        raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is neither in this "
+                         f"environment nor in the reaper's ({scheduling.env_file(home)}"
+                         + (f"; {problem}" if problem else "") + "): export it and add the schedule again (orch keeps "
+                         "it in that file, 0600, for the reaper's runs; never in the ledger)")
+    with scheduling.environment(values):  # the task's secret check reads them there
+        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], None, None, None, None,
+                               3, False, {})
+    req = sub.spec.request
+    if price is not None and (req.cpu or req.offer):
+        what = "a CPU-only task" if req.cpu else "an offer given"
+        raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known once "
+                         "rented): drop it, or ask for a GPU")
+
+    orch = open_orch()
+    if not replace and ls.get(orch.ledger, name) is not None:
+        raise UsageError(f"a schedule named {name!r} exists (`orch schedule add ... --replace` refreshes it)")
+    tar = scheduling.snapshot(orch.home, sub)
+    row, old = ls.add(orch.ledger, replace=replace, name=name, cron=expr, tz=tz_name, window=str(win) if win else None,
+                      max_price=price, max_cost=cost, overlap=over, misfire=late, task_file=str(Path(file).resolve()),
+                      job=scheduling.job_json(sub), snapshot=str(tar) if tar else None, due_at=due)
+    if old is not None and old.snapshot != row.snapshot:
+        scheduling.drop_snapshot(orch, old.snapshot)
+    in_file = scheduling.reaper_secrets(home, list(t.secrets), environ={})[0]
+    kept = {k: os.environ[k] for k in t.secrets if os.environ.get(k) and in_file.get(k) != os.environ[k]}
+    if kept:  # this shell's value, where the file has none or another
+        path = scheduling.keep_secrets(home, kept)
+        say(f"orch: secret {', '.join(sorted(kept))} copied to {path} (0600): the reaper's runs read it there")
+    work = sub.spec.work
+    out(f"schedule {name} {'replaced' if old else 'added'}: {expr} ({tz_name}), next run "
+        f"{c.local(due).isoformat()} as {c.run_name(name, due)}" + (" (paused)" if row.paused else ""))
+    out(f"  runs      {file}: {clean(work.run, 200)}")
+    if tar is not None:
+        out(f"  workdir   {work.workdir}, as it is now: {tar} ({work.workdir_bytes / 1e6:.2f} MB)")
+    money = [f"--max-price ${price:g}/hr" if price is not None else "",
+             f"--max-cost ${cost:g}" if cost is not None else "", f"window {win}" if win else ""]
+    out(f"  limits    {', '.join(m for m in money if m) or 'none'}")
+    out(f"  rules     overlap {over}, misfire {late}")
+    if not reaper_timer.installed(orch.ledger):
+        say("orch: warning: no reaper is installed: nothing starts these runs until `orch reaper install` (or an "
+            "`orch reap` pass by hand)")
+
+
+@schedule_app.command("ls")
+def ls_(as_json: bool = typer.Option(False, "--json", help="As JSON (name cron tz next_run last_run last_skip "
+                                                           "paused ...).")):
+    """Every schedule: its cron and zone, its next run, its last run and outcome, its last skip and why."""
+    from orchestrator import ledger_schedules as ls
+    from orchestrator import scheduling
+
+    orch = open_orch()
+    rows = [scheduling.describe(orch, s) for s in ls.every(orch.ledger)]
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        out("no schedules (`orch schedule add NAME -f task.yaml --cron '0 2 * * *'` adds one)")
+        return
+    for d in rows:
+        out(f"{d['name']}  {d['cron']}  {d['tz']}" + (f"  window {d['window']}" if d["window"] else "")
+            + ("  PAUSED" if d["paused"] else ""))
+        out(f"  next run   {d['next_run']}" + (f" (waiting: {clean(d['waiting']['reason'], 200)})"
+                                               if d["waiting"] else ""))
+        last = d["last_run"]
+        out(f"  last run   {last['name']}: {last['state']}" + (f" ({clean(last['reason'], 200)})" if last["reason"]
+                                                                  else "") if last else "  last run   none")
+        skip = d["last_skip"]
+        out(f"  last skip  {skip['name']}: {clean(skip['reason'], 300)}" if skip else "  last skip  none")
+
+
+def _schedule(orch, name: str):
+    from orchestrator import ledger_schedules as ls
+
+    check_name(name)
+    s = ls.get(orch.ledger, name)
+    if s is None:
+        raise UsageError(f"no schedule named {name!r} (`orch schedule ls`)")
+    return s
+
+
+@schedule_app.command("rm")
+def rm(name: str):
+    """Remove the schedule (its runs so far stay, as jobs)."""
+    from orchestrator import jobs, scheduling
+    from orchestrator import ledger_schedules as ls
+
+    orch = open_orch()
+    s = _schedule(orch, name)
+    running = [r.name for r, _ in ls.active(orch.ledger, s.id, jobs.ACTIVE)]
+    ls.remove(orch.ledger, name)
+    scheduling.drop_snapshot(orch, s.snapshot)
+    out(f"schedule {name} removed" + (f"; {', '.join(running)} goes on as a job (`orch jobs`)" if running else ""))
+
+
+@schedule_app.command("pause")
+def pause(name: str):
+    """Start no run of it until `orch schedule resume`."""
+    from orchestrator import ledger_schedules as ls
+
+    orch = open_orch()
+    s = _schedule(orch, name)
+    ls.change(orch.ledger, s.id, paused=True)
+    ls.skip_waiting(orch.ledger, s.id, "the schedule was paused")
+    out(f"schedule {name} paused")
+
+
+@schedule_app.command("resume")
+def resume(name: str):
+    """Start its runs again, from its next occurrence (what fell due while paused is not run)."""
+    from orchestrator import cron, scheduling
+    from orchestrator import ledger_schedules as ls
+
+    orch = open_orch()
+    s = _schedule(orch, name)
+    c = cron.Cron.of(s.cron, s.tz)
+    due = c.next_after(scheduling.utcnow())
+    ls.change(orch.ledger, s.id, paused=False, due_at=due)
+    out(f"schedule {name} resumed: next run {c.local(due).isoformat()}")
+
+
+@schedule_app.command("run")
+def run(name: str):
+    """One run now (outside the cron and the window; still under the ceilings, one at a time)."""
+    import sys
+
+    from orchestrator import scheduling
+
+    orch = open_orch()
+    got = scheduling.run_now(orch, _schedule(orch, name))
+    out(f"{got['name']}: {got['state']} ({clean(got['reason'], 400)})")
+    if got["state"] in ("skipped", "failed"):
+        sys.exit(1)

@@ -1,0 +1,88 @@
+"""`orch run --dry-run` checks what the launch checks (a name whose files are there, spot where the
+provider has none: the same one line, exit 2), warns of a secret not set now (the launch refuses
+it), and with no provider key shows the list prices orch ships, dated and marked as such."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import tomllib
+from datetime import date
+from pathlib import Path
+
+from tests.clouds import local_billing, open_orch
+from tests.conftest import ROOT, run_orch
+
+
+def nothing_created(orch_home: Path) -> None:
+    assert local_billing(orch_home) == set()
+    if (orch_home / "ledger.db").exists():
+        assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
+
+
+def test_a_dry_run_refuses_what_the_launch_refuses_in_the_same_line(orch_home):
+    taken = orch_home / "runs" / "taken"
+    taken.mkdir(parents=True)
+    (taken / "train.log").write_text("an earlier job's files\n")
+    for args, says in ((("taken", "--provider", "local", "--cpu"), "already holds a job's files"),
+                       (("x", "--provider", "local", "--spot"), "local has no spot instances"),
+                       (("x", "--provider", "local", "--cpu", "--spot"), "local has no spot instances")):
+        dry = run_orch("run", *args, "--dry-run", "--", "true", check=2).stderr
+        launch = run_orch("run", *args, "--", "true", check=2).stderr
+        assert dry == launch and dry.count("\n") == 1 and says in dry, (args, dry, launch)
+    assert [p.name for p in (orch_home / "runs").iterdir()] == ["taken"]
+    nothing_created(orch_home)
+
+
+def test_a_dry_run_warns_of_a_secret_not_set_now_where_the_launch_refuses_it(orch_home):
+    args = ("run", "x", "--provider", "local", "--cpu", "--secret", "DRY_RUN_TOKEN", "--", "true")
+    dry = run_orch(*args[:-2], "--dry-run", *args[-2:], check=0)
+    assert "warning: secret DRY_RUN_TOKEN is not set in this environment" in dry.stderr
+    assert "dry run: nothing rented, nothing recorded" in dry.stdout
+    launch = run_orch(*args, check=2).stderr
+    assert "secret DRY_RUN_TOKEN is not set" in launch and launch.count("\n") == 1
+    nothing_created(orch_home)
+
+
+def test_with_no_provider_key_a_dry_run_shows_dated_list_prices_marked_as_such(orch_home, tmp_path):
+    from orchestrator import catalogue
+
+    when, prices = catalogue.load()
+    label = f"list price, {when}, not live"
+    proc = run_orch("run", "x", "--gpu", "A100", "--dry-run", "--", "python", "train.py", check=0)
+    listed = [line for line in proc.stdout.splitlines() if re.match(r"\s+\d+\. ", line)]
+    a100 = [p for p in prices if p.gpus == 1 and "A100" in p.gpu]
+    assert len(listed) == len(a100) > 0 and all(label in line for line in listed), proc.stdout
+    assert f"${min(p.usd_hr for p in a100):.2f}/hr" in listed[0], "cheapest first"
+    assert "no key here" in proc.stdout and "nothing rented" in proc.stdout
+    # A dstack file asking for memory (gpu: 80GB) gets only GPUs with that much.
+    task = tmp_path / "big.dstack.yml"
+    task.write_text(textwrap.dedent("""
+        type: task
+        name: big
+        commands: [python train.py]
+        resources:
+          gpu: 80GB
+        """))
+    proc = run_orch("run", "-f", task, "--dry-run", check=0)
+    listed = [line for line in proc.stdout.splitlines() if re.match(r"\s+\d+\. ", line)]
+    assert listed and all(" 80 GB " in line for line in listed), proc.stdout
+    assert "with at least 80 GB each" in proc.stdout
+    nothing_created(orch_home)
+
+
+def test_the_catalogue_is_dated_and_every_price_has_its_public_source():
+    from orchestrator import catalogue, gpus
+
+    when, prices = catalogue.load()
+    assert date.fromisoformat(when) <= date.today()
+    assert prices
+    for p in prices:
+        assert p.source.startswith("https://") and p.usd_hr > 0 and p.gpus >= 1 and p.vram_gb > 0, p
+        assert gpus.canonical(p.gpu) == p.gpu or gpus.lookup(p.gpu) is None, f"{p.gpu}: orch's own name for it"
+    data = json.loads(Path(catalogue.__file__).with_name("catalogue.json").read_text())
+    assert "not live" in catalogue.label(when) and data["what"]
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        shipped = tomllib.load(f)["tool"]["setuptools"]["package-data"]["orchestrator"]
+    assert "catalogue.json" in shipped, "the wheel carries it"
