@@ -237,6 +237,8 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
     results: list = [None] * len(made)
     errors: list = [None] * len(made)
 
+    done = [threading.Event() for _ in made]  # not Thread.join: one interrupted by Ctrl-C can return early (3.11)
+
     def bring(rank: int) -> None:
         node = made[rank]
         mine = replace(orch, say=lambda m, node=node.name: orch.say(f"[{node}] {m}"))
@@ -248,6 +250,8 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
                 if not halt:
                     first.append(rank)
                     halt.append(f"node {rank} of the group failed ({_why(e)}): its bring-up was called off")
+        finally:
+            done[rank].set()
 
     threads = [threading.Thread(target=bring, args=(r,), name=f"orch-node-{r}", daemon=True)
                for r in range(len(made))]
@@ -255,15 +259,15 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
     try:
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)
+        for d in done:
+            while not d.wait(0.2):
+                pass
     except KeyboardInterrupt as e:  # Ctrl-C: every node's bring-up called off, then all destroyed
         interrupted = e
         with lock:
             halt.insert(0, "interrupted (Ctrl-C): the group's bring-up was called off")
-        for t in threads:
-            t.join(60)
+        for d in done:  # each node destroys itself as it stops (its provisioning step ends first)
+            d.wait(600)
     if interrupted is not None:
         _destroy_group(orch, group, "interrupted (Ctrl-C) while the group came up")
         raise interrupted
@@ -282,10 +286,13 @@ def replace_node(orch, lost: Instance, request: Request, *, policy: str | None =
     """One node rented in place of ``lost`` (destroyed first, if it is not gone yet): the same
     group, rank and name, so its siblings keep theirs. ``request`` is the group's (same offer: the
     same region, and the group's placement group where the provider keeps one)."""
+    from orchestrator import volume_mounts
+
+    mounts = volume_mounts.same_as(orch, lost)  # its volumes: free again once it is gone
     if lost.state in states.LIVE:
         orch.down(orch.ledger.get(lost.id), f"node {lost.node_rank} of {lost.group_name} lost: replaced alone")
     req = replace(request, name=lost.name, group=lost.group_id, node_rank=lost.node_rank or 0,
-                  nodes=lost.group_size or 1)
+                  nodes=lost.group_size or 1, mounts=mounts, node_mounts=())
     fields = {"group_id": lost.group_id, "group_name": lost.group_name, "node_rank": lost.node_rank,
               "group_size": lost.group_size}
     return orch.up(lost.name, lost.provider, req, ssh_timeout=ssh_timeout, policy=policy, prepare=prepare,

@@ -171,6 +171,14 @@ def record(orch, inst, mounts) -> None:
         raise
 
 
+def same_as(orch, inst) -> tuple[Mount, ...]:
+    """The mounts ``inst`` was made with, as the ledger recorded them: what a node rented in its
+    place (``groups.replace_node``) mounts (its own per-node volume, or the group's shared one)."""
+    from orchestrator import ledger_volumes
+
+    return tuple(Mount(as_volume(v), m.path, as_name=m.use_name) for m, v in ledger_volumes.mounts_of(orch.ledger, inst.id))
+
+
 def make_ready(orch, inst) -> None:
     """Every volume ``inst`` mounts, ready at its path before anything runs there: the provider's
     steps (``HasVolumes.mount_steps``, run by ``playbooks.volumes``), then each path checked as the

@@ -37,7 +37,7 @@ CLAIM = "watcher:jobs"  # a colon: no instance name can take this claim
 META = "watcher"  # the ledger's record of the running watcher: its pid and log
 LOG = "watcher.log"
 INTERVAL_S = 5.0
-MIN_PAUSE_S = 0.2
+MIN_PAUSE_S = 1.0  # however small a cadence, a look (SSH to every machine) at most once a second
 
 
 def enabled() -> bool:

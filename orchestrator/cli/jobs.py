@@ -332,7 +332,9 @@ def jobs_cancel(name: str):
 
 
 @jobs_app.command("logs")
-def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines, "
+                                                                                  "attempt after attempt, until the "
+                                                                                  "job ends."),
               lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end."),
               node: int = typer.Option(None, "--node", help="A group job: node R's log (0, the head, by default).")):
     """The log of the job's current attempt (the pulled train.log once its instance is gone)."""

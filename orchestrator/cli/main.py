@@ -83,7 +83,12 @@ def run(call=None) -> None:
             from orchestrator.cli.app import complete_instance_names
 
             complete_instance_names(command)
-        command.main(standalone_mode=False, prog_name="orch")  # named, not "python -m orchestrator": completion keys on it
+        interrupted = _watch_ctrl_c()
+        code = command.main(standalone_mode=False, prog_name="orch")  # named "orch": completion keys on it
+        if interrupted and code == 130:  # (a command that ends on Ctrl-C by design, `orch monitor`, returns None)
+            # Typer turns a KeyboardInterrupt into Exit(130) and, outside standalone mode, returns that
+            # code instead of raising it: without this an interrupted `orch up` exited 0.
+            raise KeyboardInterrupt
     except OrchError as e:
         from orchestrator.cli.app import one_line
 
@@ -111,6 +116,22 @@ def run(call=None) -> None:
         print(f"orch: internal error: {type(e).__name__}: {one_line(str(e))} (ORCH_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         sys.exit(1)
+
+
+def _watch_ctrl_c() -> list:
+    """Python's own Ctrl-C (a KeyboardInterrupt where the main thread is), remembered: a non-empty
+    list once it happened, whoever caught it since."""
+    import signal
+
+    seen: list = []
+
+    def interrupt(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt)
+    return seen
 
 
 def _reader_left() -> None:

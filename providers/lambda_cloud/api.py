@@ -43,7 +43,7 @@ LAUNCH_LOOKUP_SECONDS = 60.0  # how long a launch whose answer was lost is looke
 # description). One orch process spaces its own launches so; a 429 (another process's) is waited out.
 LAUNCH_INTERVAL = 12.0
 _LAUNCHES = threading.Lock()
-_last_launch = [float("-inf")]  # when this process last sent a launch (monotonic)
+_last_launch = [float("-inf")]  # when this process's last launch was answered (monotonic)
 
 
 class LambdaError(ProviderError):
@@ -139,12 +139,16 @@ class Session:
         interval = self.number("launch_interval", LAUNCH_INTERVAL)
 
         def once() -> Any:
+            # One launch at a time, spaced from when the last one was answered: Lambda counts from
+            # when each reached it, which is before its answer (and may be long after it was sent).
             with _LAUNCHES:
                 wait = _last_launch[0] + interval - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-                _last_launch[0] = time.monotonic()
-            return self.once("POST", "/instance-operations/launch", body)
+                try:
+                    return self.once("POST", "/instance-operations/launch", body)
+                finally:
+                    _last_launch[0] = time.monotonic()
 
         return http.call(once, attempts=int(self.number("retries", 5)), base=interval if interval > 0 else 0.5,
                          cap=MAX_WAIT, retryable=lambda e: isinstance(e, Transient) and e.status == 429)
