@@ -45,23 +45,36 @@ def unavailable() -> str | None:
     return None
 
 
-def isolate(module_globals: dict, timeout: float = 1800) -> None:
-    """Called at the end of a test module: outside a namespace, replace the module's tests by one that
-    runs them all inside one (forwarding -k, -x and -v), and fails with the inner output's tail."""
+def isolate(module_globals: dict, timeout: float = 1800, shards: int = 1) -> None:
+    """Called at the end of a test module: outside a namespace, replace the module's tests by
+    ``shards`` tests that each run their share of them inside a namespace of its own (forwarding -k,
+    -x and -v), and fail with the inner output's tail. Shards run on different workers: a module of
+    many slow tests is not the whole suite's longest test."""
     if inside():
         return
     path = Path(module_globals["__file__"])
-    for name in [n for n in module_globals if n.startswith("test_")]:
+    names = [n for n in module_globals if n.startswith("test_") and callable(module_globals[n])]
+    for name in names:
         del module_globals[name]
+    shards = max(1, min(shards, len(names)))
+    for k in range(shards):
+        share = names[k::shards]  # in file order, dealt round-robin: the slow ones spread
+        runner = _runner(path, share if shards > 1 else [], timeout)
+        runner.__name__ = f"test_{path.stem.removeprefix('test_')}_in_a_network_namespace_of_its_own" + \
+            (f"_{k + 1}_of_{shards}" if shards > 1 else "")
+        module_globals[runner.__name__] = runner
 
-    @pytest.mark.long(weight=3)  # a whole module in one test: the longest of the suite
+
+def _runner(path: Path, share: list[str], timeout: float):
+    @pytest.mark.long(weight=3)  # a module (or its share) in one test: among the longest of the suite
     @pytest.mark.timeout(timeout)
     def runner(request):
         why = unavailable()
         if why:
             pytest.skip(f"{path.name} runs in a network namespace of its own: {why}")
         opts = request.config.option
-        args = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", str(path.relative_to(ROOT))]
+        where = str(path.relative_to(ROOT))
+        args = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", *([f"{where}::{n}" for n in share] or [where])]
         if getattr(opts, "keyword", ""):
             args += ["-k", opts.keyword]
         if getattr(opts, "exitfirst", False):
@@ -75,11 +88,12 @@ def isolate(module_globals: dict, timeout: float = 1800) -> None:
         out = (proc.stdout + proc.stderr).strip()
         print(out[-6000:])
         if proc.returncode == 5:
+            if share and getattr(opts, "keyword", ""):
+                pytest.skip(f"-k selects none of this share of {path.name}")
             pytest.fail(f"no test of {path.name} ran in the namespace:\n{out[-3000:]}")
         assert proc.returncode == 0, f"{path.name} failed in its network namespace:\n{out[-12000:]}"
 
-    runner.__name__ = f"test_{path.stem.removeprefix('test_')}_in_a_network_namespace_of_its_own"
-    module_globals[runner.__name__] = runner
+    return runner
 
 
 def lo_up() -> None:
