@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Optional
 
 from sqlalchemy import Column, Text, event, text, update
@@ -29,14 +28,9 @@ from orchestrator import states
 from orchestrator.config import sqlite_path
 from orchestrator.errors import IllegalTransition, OrchError, UsageError
 from migrations import HEAD
+from orchestrator.ledger_sql import new_id, now  # one clock, one id for every table
 
 
-def now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def new_id() -> str:
-    return secrets.token_hex(6)
 
 
 class Instance(SQLModel, table=True):

@@ -13,8 +13,7 @@ each occurrence once. ``due_at`` only ever moves forward under a pass.
 
 from __future__ import annotations
 
-import secrets
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Optional
 
 from sqlalchemy import Column, Text, UniqueConstraint, column, delete, table, update
@@ -22,19 +21,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, SQLModel, select
 
 from orchestrator.errors import UsageError
+from orchestrator.ledger_sql import new_id, now  # one clock, one id for every table
 
 LAUNCHING, LAUNCHED, WAITING, SKIPPED = "launching", "launched", "waiting", "skipped"
 # The jobs' rows, as far as an occurrence reads them (this module is imported by ``ledger``, whose
 # ``Job`` model it cannot import back).
 _JOBS = table("jobs", column("id"), column("state"))
 
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def new_id() -> str:
-    return secrets.token_hex(6)  # as ``ledger.new_id``
 
 
 class Schedule(SQLModel, table=True):

@@ -12,11 +12,23 @@ database through SQLAlchemy Core. Only columns every schema revision has are rea
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
 from orchestrator import config, states
+
+
+def now() -> datetime:
+    """Every ledger row's clock (UTC), one for the models of every table."""
+    return datetime.now(timezone.utc)
+
+
+def new_id() -> str:
+    """A row's id: 12 hex characters."""
+    return secrets.token_hex(6)
 
 COLUMNS = frozenset({"id", "name", "state", "provider", "provider_id", "label", "ssh_host", "ssh_port", "ssh_user",
                      "host_key", "created_at"})

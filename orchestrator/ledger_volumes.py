@@ -15,8 +15,7 @@ and every reaper pass look at it without importing SQLAlchemy).
 
 from __future__ import annotations
 
-import secrets
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Optional
 
 from sqlalchemy import Column, Text, text, update
@@ -24,6 +23,7 @@ from sqlmodel import Field, SQLModel, select
 
 from orchestrator import states
 from orchestrator.errors import IllegalTransition, UsageError
+from orchestrator.ledger_sql import new_id, now as _now  # one clock, one id for every table
 
 CREATING, READY, FAILED = states.VOLUME_CREATING, states.VOLUME_READY, states.VOLUME_FAILED
 DELETING, DELETED = states.VOLUME_DELETING, states.VOLUME_DELETED
@@ -31,12 +31,6 @@ LIVE = states.VOLUME_LIVE  # what may bill (a create in flight may have made it)
 TRANSITIONS = states.VOLUME_TRANSITIONS
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def new_id() -> str:
-    return secrets.token_hex(6)
 
 
 class VolumeRow(SQLModel, table=True):
