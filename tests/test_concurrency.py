@@ -79,9 +79,10 @@ def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_ho
     ledger = open_orch().ledger
     with Background(["status"], ["reconcile", "--json"], ["status", "c1", "--json"]) as loop:
         ups = {n: orch_proc("up", n, "--cpu", env=env) for n in names}
-        # One more up, on a pod whose SSH port never shows: it stays provisioning for 15 s.
+        # One more up, on a pod whose SSH port never shows: it stays provisioning for 30 s (long enough,
+        # on a loaded machine, for the meddler below to start while it waits).
         fake.runtime_delay = 10**6
-        ups["slow"] = orch_proc("up", "slow", "--provider", "runpod", "--cpu", "--ssh-timeout", "0.25", env=env)
+        ups["slow"] = orch_proc("up", "slow", "--provider", "runpod", "--cpu", "--ssh-timeout", "0.5", env=env)
         wait_for(lambda: (i := ledger.by_name("slow")) and i.state == states.PROVISIONING, what="slow provisioning")
         meddler = run_orch("down", "slow", env=env)  # someone, or a reaper, destroying it meanwhile
         assert meddler.returncode == 1 and "busy: another orch process" in meddler.stderr, meddler.stderr
