@@ -94,12 +94,7 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
         raise UsageError(f"{where}: nothing to run: -- CMD, or -f with a run: (commands:)")
     if setup and not t.setup:
         raise UsageError(f"{where}: --setup, but the task has no setup:")
-    if env:
-        t.env.update(task.env_pairs(env))
-    if secret:
-        t.secrets = list(dict.fromkeys(t.secrets + list(secret)))
-    if workdir is not None:
-        t.workdir, base = workdir, Path.cwd()
+    base = task_run.merge_flags(t, env, secret, workdir, base)
     task.check(t, path, lines)
     task_run._say_translation(path, lines)
     given = t.model_dump(exclude_unset=True)

@@ -81,12 +81,7 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
 
         groups.check_nodes(options["nodes"])
         t.nodes = options["nodes"]
-    if env:
-        t.env.update(task.env_pairs(env))
-    if secret:
-        t.secrets = list(dict.fromkeys(t.secrets + list(secret)))
-    if workdir is not None:
-        t.workdir, base = workdir, Path.cwd()
+    base = merge_flags(t, env, secret, workdir, base)
     if t.run is None and t.train is None:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: nothing to run: give run: (a command) "
                          "or train: (a LibreYOLO training)")
@@ -113,6 +108,21 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
     if given:
         raise UsageError(f"{', '.join(given)}: for a train: job, not a command")
     return _command(name, t, path, lines, base, providers, dry_run, options)
+
+
+def merge_flags(t, env, secret, workdir, base: Path) -> Path:
+    """``--env``, ``--secret`` and ``--workdir`` over a task (``orch run``, ``orch exec``): the flags add
+    to the file's env and secrets, and a workdir given is read from here; returns the folder the
+    task's relative paths are read from."""
+    from orchestrator import task
+
+    if env:
+        t.env.update(task.env_pairs(env))
+    if secret:
+        t.secrets = list(dict.fromkeys(t.secrets + list(secret)))
+    if workdir is not None:
+        t.workdir, base = workdir, Path.cwd()
+    return base
 
 
 def _train_options(t, options: dict) -> dict:

@@ -76,13 +76,18 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
             raise UsageError("--image on lambda is a Lambda image family or image id (letters, digits, '.', '_', '-')")
 
     def create(self, request: Request, label: str, public_key: str) -> Remote:
+        candidates = self._rentable(request)
+        return self._launch(candidates, request, label, self._ensure_key(public_key))
+
+    def _rentable(self, request: Request) -> list:
+        """Where ``request`` can be rented now (one node, or a group's), checked first: one line when not."""
         self.validate(request)
         if request.quote is None and not request.gpu and not request.offer:
             raise UsageError("say which GPU to rent on Lambda (--gpu, e.g. A10) or which instance type (--offer)")
         candidates = self._candidates(request)
         if not candidates:
             raise NoCapacity(f"Lambda Cloud has no capacity for {wanted(request)} in any region right now")
-        return self._launch(candidates, request, label, self._ensure_key(public_key))
+        return candidates
 
     def _launch(self, candidates: list[Offer], request: Request, label: str, key: str) -> Remote:
         """Launch the cheapest candidate in a region with capacity (``send_launch``); after an answer that
@@ -137,13 +142,7 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
         node's label; all or nothing (``groups.launch``)."""
         if len(requests) < 2:
             return super().create_nodes(requests, labels, public_key)
-        request = requests[0]
-        self.validate(request)
-        if request.quote is None and not request.gpu and not request.offer:
-            raise UsageError("say which GPU to rent on Lambda (--gpu, e.g. A10) or which instance type (--offer)")
-        candidates = self._candidates(request)
-        if not candidates:
-            raise NoCapacity(f"Lambda Cloud has no capacity for {wanted(request)} in any region right now")
+        candidates = self._rentable(requests[0])
         return groups.launch(self, requests, labels, self._ensure_key(public_key), candidates)
 
     def _launched(self, answer: Any, offer: Offer, label: str) -> Remote:
