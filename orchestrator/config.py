@@ -45,6 +45,12 @@ def home() -> Path:
     return Path(os.environ.get("ORCH_HOME") or Path.home() / ".orch").expanduser()
 
 
+def cache_home() -> Path:
+    """Where orch keeps what it can always make again and what holds for every ORCH_HOME of this
+    user (verdicts on a dataset's bytes): the XDG cache folder, ``~/.cache/orch`` by default."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "orch"
+
+
 @lru_cache(maxsize=None)
 def _load(path: str) -> dict[str, Any]:
     p = Path(path)

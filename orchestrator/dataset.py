@@ -242,6 +242,26 @@ DOCTOR_NOTE_SECONDS = 10.0  # how often a running doctor says it still runs
 DOCTOR_TIMEOUT = 900.0
 
 
+def doctor(info: DatasetInfo, imgsz: int | None, digest: str, verdicts: Path, say) -> None:
+    """``libreyolo doctor`` on a dataset that packed to ``digest``, once per content: a pass is
+    remembered in ``verdicts`` under the digest, the training size and LibreYOLO's version, and the
+    same bytes are not checked again (it loads torch and decodes every image: seconds to minutes,
+    on every ``orch run`` of an unchanged dataset). A failure is never remembered."""
+    if importlib.util.find_spec("libreyolo") is None:
+        return
+    from importlib.metadata import version
+
+    mark = verdicts / f"{digest}-imgsz{imgsz or 0}-libreyolo{version('libreyolo')}.passed"
+    if mark.is_file():
+        say(f"      data: libreyolo doctor passed these same bytes before ({digest[:16]}): not run again")
+        return
+    _doctor(info.yaml_path, imgsz, sum(info.n_images.values()), say)
+    verdicts.mkdir(parents=True, exist_ok=True)
+    tmp = mark.with_name(f".{mark.name}.{os.getpid()}")
+    tmp.write_text(f"{info.yaml_path}\n")
+    os.replace(tmp, mark)
+
+
 def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:
     """Run ``libreyolo doctor`` with this interpreter when LibreYOLO is installed; raise on its errors.
     It loads torch, then decodes every image: on a busy machine that is a minute or more, so it

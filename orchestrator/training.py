@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import claims, volume_mounts
+from orchestrator import claims, config, volume_mounts
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import clean
 
@@ -117,13 +117,20 @@ def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
         return spec
     from orchestrator import dataset
 
-    info = dataset.validate(Path(spec.data).expanduser(), imgsz=spec.imgsz, say=say)
+    info = dataset.validate(Path(spec.data).expanduser(), doctor=False)
     cache = home / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"pack-{os.getpid()}.tar"
     say(f"      data: packing {len(info.files)} files ({info.bytes / 1e6:.1f} MB) into one tar")
     dataset.pack(info, tmp)
-    digest = _sha256(tmp)[:16]
+    whole = _sha256(tmp)
+    digest = whole[:16]
+    # The doctor last, on the packed bytes' digest: an unchanged dataset is not checked twice.
+    try:
+        dataset.doctor(info, spec.imgsz, whole, config.cache_home() / "doctor", say)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # refused data leaves nothing in the cache
+        raise
     final = cache / f"{digest}.tar"
     os.replace(tmp, final)
     spec.local_tar, spec.data_bytes = final, final.stat().st_size

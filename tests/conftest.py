@@ -44,11 +44,23 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [i for part in slices for i in part]
 
 
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    """One XDG cache folder for the whole run, every worker's tests included: orch keeps there what
+    holds for any ORCH_HOME (``libreyolo doctor``'s pass on a dataset's bytes), so the suite's many
+    identical tiny datasets are checked by the doctor once, not once per test (3 s of CPU each).
+    The session's own folder: nothing carries over from an earlier run."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return root / "xdg-cache"
+
+
 @pytest.fixture(autouse=True)
-def orch_home(tmp_path, monkeypatch):
+def orch_home(tmp_path, monkeypatch, session_cache):
     """Every test gets its own ORCH_HOME (ledger, keys, local instances) and no cloud credentials."""
     home = tmp_path / "orch"
     monkeypatch.setenv("ORCH_HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(session_cache))
     if not os.environ.get("ORCH_TEST_DATABASE_URL"):
         monkeypatch.delenv("ORCH_DATABASE_URL", raising=False)
     else:

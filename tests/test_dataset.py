@@ -154,6 +154,36 @@ def test_libreyolo_doctor_errors_become_usage_errors(ds):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.skipif(not HAS_LIBREYOLO, reason="libreyolo doctor runs only where LibreYOLO is installed")
+def test_the_doctor_checks_a_datasets_bytes_once_and_never_remembers_a_failure(ds, tmp_path, monkeypatch):
+    """What `orch run` does with local data: the doctor's pass is kept per packed content (in the
+    user's cache folder), so an unchanged dataset is not checked again; changed bytes are, and a
+    dataset the doctor refuses leaves no verdict and no packed tar."""
+    from orchestrator import training
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    home = tmp_path / "orch"
+
+    def prepare() -> list[str]:
+        said = []
+        training.prepare(training.TrainSpec(data=str(ds), imgsz=64), home, said.append)
+        return [m for m in said if "doctor" in m]
+
+    first = prepare()
+    assert any("libreyolo doctor checks 12 images" in m for m in first), first
+    assert len(list((tmp_path / "xdg" / "orch" / "doctor").glob("*.passed"))) == 1
+    again = prepare()
+    assert again and all("not run again" in m for m in again), again
+    tars = set((home / "cache").glob("*.tar"))
+    assert len(tars) == 1
+    (ds / "images" / "train" / "0002.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")  # other bytes now
+    with pytest.raises(UsageError, match="^libreyolo doctor: .*0002.png"):
+        prepare()
+    assert len(list((tmp_path / "xdg" / "orch" / "doctor").glob("*.passed"))) == 1, "a failure is remembered"
+    assert set((home / "cache").glob("*.tar")) == tars and not list((home / "cache").glob("pack-*")), \
+        "the refused data left a tar in the cache"
+
+
 def _scattered_dataset(tmp_path: Path) -> Path:
     """A yaml outside the data, with a relative ``path:``, a list split and a .txt split."""
     data = dataset.synth(tmp_path / "project" / "data" / "cars", n_train=6, n_val=3)
