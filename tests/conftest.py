@@ -61,6 +61,10 @@ def orch_home(tmp_path, monkeypatch, session_cache):
     home = tmp_path / "orch"
     monkeypatch.setenv("ORCH_HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(session_cache))
+    # torch sizes its OpenMP pool to every CPU and its threads spin while they wait: a training or a
+    # doctor a test starts itself (no orch process to pin, see ``one_cpu``) burned twice the CPU of
+    # the same work on one thread, on a machine whose CPUs the suite's workers already share.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if not os.environ.get("ORCH_TEST_DATABASE_URL"):
         monkeypatch.delenv("ORCH_DATABASE_URL", raising=False)
     else:
