@@ -107,11 +107,27 @@ def put_text(conn, text: str, path: str, mode: int = 0o600) -> str:
     if not path.startswith("/"):
         path = f"{home(conn)}/{path}"
     run(conn, f"mkdir -p {shlex.quote(path.rsplit('/', 1)[0])}")
-    sftp = conn.sftp()
-    with sftp.open(path, "w") as f:
-        f.write(text.encode())
-    sftp.chmod(path, mode)
+
+    def write():
+        sftp = conn.sftp()
+        with sftp.open(path, "w") as f:
+            f.write(text.encode())
+        sftp.chmod(path, mode)
+    dropped_is_ssh_error(conn, write)
     return path
+
+
+def dropped_is_ssh_error(conn, call):
+    """``call()``, with a connection that ends under it (the instance destroyed by another orch
+    process, its sshd killed, the network gone) reported as the SSHError every caller handles,
+    in one line, instead of paramiko's own exception ("Server connection dropped")."""
+    import paramiko
+
+    try:
+        return call()
+    except (paramiko.SSHException, EOFError, OSError) as e:
+        raise SSHError(f"the SSH connection to {conn.host}:{conn.port} ended during a command: "
+                       f"{str(e).strip() or type(e).__name__}") from None
 
 
 def run(conn, command: str, check: bool = True, timeout: float | None = None, env: dict | None = None) -> str:
@@ -124,7 +140,7 @@ def run(conn, command: str, check: bool = True, timeout: float | None = None, en
         path = shlex.quote(put_text(conn, script, f".orch/env.{secrets.token_hex(4)}"))
         command = f". {path}; rm -f {path}; {command}"
     # Invoke feeds a non-tty stdin one byte per 10 ms: never send anything large that way.
-    result = conn.run(command, timeout=timeout, in_stream=False)
+    result = dropped_is_ssh_error(conn, lambda: conn.run(command, timeout=timeout, in_stream=False))
     if check and not result.ok:
         tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
         raise SSHError(f"remote command failed ({result.exited}): {' | '.join(tail)}")

@@ -89,3 +89,18 @@ def test_the_local_provider_runs_commands_through_the_login_shell(orch_home):
         assert got == login
     finally:
         run_orch("down", "sh1", check=0)
+
+
+@pytest.mark.parametrize("machine", SHELLS[:1], indirect=True)
+def test_a_connection_that_ends_during_a_command_is_an_ssh_error_in_one_line(machine, key):
+    """Another orch process destroys the instance while this one reads it: sshd goes mid-command.
+    What reaches the caller is orch's SSHError (which status and reconcile report as unreachable),
+    never paramiko's exception (an internal error for the user)."""
+    from orchestrator.errors import SSHError
+
+    with connect(machine, key) as c:
+        with pytest.raises(SSHError, match=r"remote command failed \(-1\)"):  # no exit status came back
+            remote.run(c, "kill -9 $PPID; sleep 5")  # the sshd process serving this very connection
+        with pytest.raises(SSHError, match="ended during a command") as e:  # the next command on it
+            remote.run(c, "true")
+        assert "\n" not in str(e.value)
