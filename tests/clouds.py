@@ -69,10 +69,9 @@ def vast(orch_home, tmp_path, monkeypatch):
 
 def orch_proc(*args, env=None) -> subprocess.Popen:
     """``orch`` started in the background (text stdout/stderr pipes)."""
-    from tests.conftest import one_cpu
+    from tests.conftest import orch_popen
 
-    return one_cpu(subprocess.Popen([sys.executable, "-m", "orchestrator", *map(str, args)], cwd=ROOT, text=True,
-                                    env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return orch_popen(args, env)
 
 
 def open_orch():

@@ -130,12 +130,20 @@ def on_instance(name: str):
     return importlib.import_module(name)
 
 
+def orch_popen(args, env=None, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface): a process of its
+    own, on one CPU (``one_cpu``), forked from a process that imported orch once (``tests.zygote``:
+    the import was a fifth of the suite's CPU)."""
+    from tests import zygote
+    from tests.fakes.hosts import quietest_cpu
+
+    return zygote.popen([str(a) for a in args], {**os.environ, **(env or {})}, ROOT, stdin=stdin, stdout=stdout,
+                        stderr=stderr, text=True, cpu=quietest_cpu())
+
+
 def run_orch(*args, env=None, check=None, timeout=600, input=None):
     """``orch`` as a user runs it: a separate process, its exit code, its stdout and stderr."""
-    full = {**os.environ, **(env or {})}
-    proc = one_cpu(subprocess.Popen([sys.executable, "-m", "orchestrator", *map(str, args)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, stdin=subprocess.PIPE if input is not None else None,
-                                    text=True, env=full, cwd=ROOT))
+    proc = orch_popen(args, env, stdin=subprocess.PIPE if input is not None else None)
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:

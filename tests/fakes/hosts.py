@@ -102,7 +102,9 @@ def banner(address: str, port: int, timeout: float = 0.5) -> bool:
 
 # What a process pinned to one CPU weighs there: a training keeps its CPU busy, an orch command
 # mostly waits on SSH; anything else pinned (the kernel's per-CPU threads, idle sshds) is left out.
-LOAD = ((b"train_entry.py", 3), (b"-m\x00orchestrator", 1))
+# An orch process: started as `python -m orchestrator`, or forked by the suite's fork server (tests/zygote.py),
+# whose command line its children keep.
+LOAD = ((b"train_entry.py", 3), (b"-m\x00orchestrator", 1), (b"-m\x00tests.zygote", 1))
 
 
 def quietest_cpu() -> int | None:

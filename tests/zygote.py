@@ -1,0 +1,357 @@
+"""``orch`` for the tests, forked from a process that has imported it once.
+
+Every ``run_orch`` is still a process of its own: its own pid, argv, environment, working folder,
+stdin/stdout/stderr, exit code and signals, and everything it starts is its own. What it does not
+repeat is the import of orch and of what orch imports (SQLAlchemy's ORM, Typer, Fabric): 0.3-0.5 s
+of CPU in each of the suite's ~1,000 orch processes, a fifth of the whole suite's CPU on a 2-core
+machine. A server process per test process (``python -m tests.zygote SOCKET``) imports those
+modules, nothing else (no SDK that reads its settings from the environment at import: those
+import in the child, as in any orch process), and forks one child per command it is sent; the
+child runs ``python -m orchestrator`` as the interpreter would, then exits with its code. The
+server relays each child's exit status, since only a parent can wait for a process.
+
+``ORCH_TEST_FORK=0`` turns it off: every ``orch`` is then a fresh interpreter (``subprocess``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What every orch command imports (measured with -X importtime): orch's own modules and the
+# libraries they import at the top. Provider SDKs are left out: some read their endpoint from the
+# environment when imported (runpod's RUNPOD_API_BASE_URL), which differs between tests.
+PRELOAD = ("orchestrator.cli.main", "orchestrator.cli.app", "orchestrator.cli.instances", "orchestrator.cli.jobs",
+           "orchestrator.cli.exec", "orchestrator.cli.schedule", "orchestrator.cli.offers", "orchestrator.cli.reaper",
+           "orchestrator.cli.reconcile", "orchestrator.cli.check", "orchestrator.cli.data", "orchestrator.cli.export",
+           "orchestrator.cli.db", "orchestrator.cli.sshconfig", "orchestrator.cli.volume",
+           "orchestrator.ledger", "orchestrator.lifecycle", "orchestrator.groups", "orchestrator.reaper",
+           "orchestrator.views.jobs", "orchestrator.views.instances", "orchestrator.jobs.engine", "orchestrator.duty",
+           "orchestrator.remote", "orchestrator.plugins", "providers.local", "playbooks.provision", "playbooks.train",
+           "playbooks.pull", "playbooks.command", "migrations", "fabric", "paramiko", "invoke", "typer", "rich.console",
+           "yaml", "sqlmodel", "sqlalchemy.orm", "alembic.command", "pydantic", "tenacity", "pluggy")
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - whatever does not import here imports in the child, or fails there
+            pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd is written
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    waiting: dict[int, socket.socket] = {}
+    parent = os.getppid()
+    print("ready", flush=True)
+    while True:
+        if os.getppid() != parent:  # the test process is gone (killed by a timeout): so is its server
+            os._exit(0)
+        for key, _ in sel.select(timeout=2.0):
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                try:
+                    pid = _spawn(conn, (listener, sel), wake_r, wake_w)
+                except Exception as e:  # noqa: BLE001 - this request fails, the server goes on
+                    _send(conn, {"error": f"{type(e).__name__}: {e}"})
+                    conn.close()
+                    continue
+                waiting[pid] = conn
+                _send(conn, {"pid": pid})
+            else:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            _reap(waiting)
+
+
+def _reap(waiting: dict) -> None:
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            _send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
+            conn.close()
+
+
+def _send(conn: socket.socket, msg: dict) -> None:
+    try:
+        conn.sendall((json.dumps(msg) + "\n").encode())
+    except OSError:
+        pass  # the test that asked is gone
+
+
+def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> int:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            raise EOFError("the request was cut short")
+        data += more
+    request = json.loads(data)
+    if len(fds) != 3:
+        raise ValueError(f"{len(fds)} file descriptors, not 3")
+    pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        return pid
+    # The child: from here on it is the orch process, and never returns into the server's loop.
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for held in (*server, conn):
+            held.close()
+        for fd in (wake_r, wake_w):
+            os.close(fd)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        if request.get("cpu") is not None:  # before anything it starts, which inherits it
+            try:
+                os.sched_setaffinity(0, {request["cpu"]})
+            except OSError:
+                pass
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        code = _run(request["args"])
+    except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def _run(args: list[str]) -> int:
+    """``python -m orchestrator ARGS`` in this process, as the interpreter would end it: its exit
+    code, its atexit handlers, its non-daemon threads joined, its output flushed."""
+    import runpy
+
+    # New streams on the new fds 0-2 (those of the server point at its own).
+    sys.stdin = open(0, "r", closefd=False)
+    sys.stdout = open(1, "w", closefd=False, buffering=-1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    sys.argv = [str(ROOT / "orchestrator" / "__main__.py"), *args]
+    code = 0
+    interrupted = False
+    try:
+        runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        interrupted = True
+    except BaseException:  # noqa: BLE001 - as the interpreter: a traceback and exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()  # the interpreter joins non-daemon threads before it exits
+    except Exception:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if interrupted:  # as CPython does for an uncaught KeyboardInterrupt: die of SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+class Forked:
+    """What the tests use of ``subprocess.Popen``, for an orch process the server forked."""
+
+    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr, text: bool):
+        self.args, self.pid, self._conn = args, pid, conn
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode = None
+        self._text = text
+        self._buf = b""
+
+    def _status(self, timeout: float | None) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        end = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            self._conn.settimeout(left)
+            try:
+                chunk = self._conn.recv(4096)
+            except (socket.timeout, BlockingIOError):
+                return None
+            if not chunk:
+                raise RuntimeError(f"the fork server lost orch process {self.pid}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        self.returncode = json.loads(line)["returncode"]
+        self._conn.close()
+        return self.returncode
+
+    def poll(self):
+        return self._status(0)
+
+    def wait(self, timeout: float | None = None):
+        if self._status(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, input=None, timeout: float | None = None):
+        end = None if timeout is None else time.monotonic() + timeout
+        if self.stdin is not None:
+            try:
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+            except BrokenPipeError:
+                pass
+        out, err = [], []
+        readers = [(f, acc) for f, acc in ((self.stdout, out), (self.stderr, err)) if f is not None]
+        threads = [threading.Thread(target=lambda f=f, acc=acc: acc.append(f.read()), daemon=True)
+                   for f, acc in readers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(None if end is None else max(0.0, end - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if end is None else max(0.0, end - time.monotonic()))
+        for f, _ in readers:
+            f.close()
+        return (out[0] if out else None) if self.stdout is not None else None, \
+               (err[0] if err else None) if self.stderr is not None else None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_server: dict = {}
+_lock = threading.Lock()
+
+
+def _socket_path() -> str | None:
+    """This process's fork server, started on first use; None where it cannot run."""
+    if os.environ.get("ORCH_TEST_FORK", "1") == "0":
+        return None
+    with _lock:
+        if _server.get("pid") == os.getpid():
+            proc = _server["proc"]
+            return _server["path"] if proc.poll() is None else None
+        folder = tempfile.mkdtemp(prefix="orch-fork-")
+        path = os.path.join(folder, "s")
+        proc = subprocess.Popen([sys.executable, "-m", "tests.zygote", path], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, text=True)
+        if proc.stdout.readline().strip() != "ready":
+            proc.kill()
+            proc.wait()
+            return None
+        _server.update(pid=os.getpid(), proc=proc, path=path)
+
+        def stop():
+            proc.kill()
+            proc.wait()
+        atexit.register(stop)
+        return path
+
+
+def popen(args: list[str], env: dict, cwd, stdin=None, stdout=None, stderr=None, text=True, cpu=None):
+    """``subprocess.Popen([sys.executable, "-m", "orchestrator", *args], ...)``, forked from the
+    server (or started so, where the server is off or gone). ``stdin``/``stdout``/``stderr``:
+    ``subprocess.PIPE`` or None (this process's own), as Popen takes them."""
+    path = _socket_path()
+    full = [sys.executable, "-m", "orchestrator", *args]
+    if path is None:
+        proc = subprocess.Popen(full, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env, cwd=cwd)
+        if cpu is not None:
+            try:  # it is still importing: whatever it starts comes later and inherits this
+                os.sched_setaffinity(proc.pid, {cpu})
+            except OSError:
+                pass  # it has already ended
+        return proc
+    ours, theirs = [], []
+    for fd, pipe, mode in ((0, stdin, "w"), (1, stdout, "r"), (2, stderr, "r")):
+        if pipe == subprocess.PIPE:
+            r, w = os.pipe()
+            mine, child = (w, r) if mode == "w" else (r, w)
+            ours.append(open(mine, mode + ("" if text else "b"), closefd=True))
+            theirs.append(child)
+        else:
+            ours.append(None)
+            theirs.append(os.dup(fd))
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        msg = json.dumps({"args": list(args), "env": dict(env), "cwd": str(cwd), "cpu": cpu}) + "\n"
+        socket.send_fds(conn, [msg.encode()], theirs)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise RuntimeError("the fork server closed the connection")
+            reply += chunk
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    answer = json.loads(reply)
+    if "pid" not in answer:
+        raise RuntimeError(f"the fork server could not start orch: {answer.get('error')}")
+    return Forked(full, answer["pid"], conn, *ours, text=text)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
