@@ -69,7 +69,8 @@ def script(c, name: str, *args: str, env: dict[str, str] | None = None, python_p
     for dep in _DEPENDS.get(name, ()):
         upload(c, dep)
     cmd = " ".join(shlex.quote(a) for a in (python_path or python(c), path, *args))
-    result = c.run(_with_env(c, cmd, env), hide=True, warn=True, in_stream=False)
+    command = _with_env(c, cmd, env)
+    result = remote.dropped_is_ssh_error(c, lambda: c.run(command, hide=True, warn=True, in_stream=False))
     return answer(result.stdout, f"{name} ({(result.stderr or '').strip()[-300:] or 'no output'})")
 
 

@@ -52,6 +52,9 @@ def serve(path: str) -> None:
             __import__(name)
         except Exception:  # noqa: BLE001 - whatever does not import here imports in the child, or fails there
             pass
+    import gc
+
+    gc.freeze()  # what was imported stays out of every child's collections (and its pages shared)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -123,12 +126,15 @@ def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> int:
         for fd in fds:
             os.close(fd)
         return pid
-    # The child: from here on it is the orch process, and never returns into the server's loop.
-    code = 1
+    # The child: from here on it is the orch process. It never returns into the server's loop: it
+    # ends as the interpreter ends any program, with SystemExit or KeyboardInterrupt unwinding to
+    # the top (neither is an Exception, which the loop would catch), so that its atexit handlers,
+    # non-daemon threads and objects are finished as at any exit (SQLite checkpoints its WAL when
+    # the last connection is closed: os._exit would leave a different ledger on disk).
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL if sig == signal.SIGCHLD else signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at startup
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for held in (*server, conn):
             held.close()
@@ -147,58 +153,35 @@ def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        code = _run(request["args"])
-    except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
+        # New streams on the new fds 0-2 (the server's own point at its pipes).
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False, buffering=1)
+        sys.argv = [str(ROOT / "orchestrator" / "__main__.py"), *request["args"]]
+    except BaseException:  # noqa: BLE001 - a child that could not become orch ends here
         import traceback
 
         traceback.print_exc()
-    finally:
-        os._exit(code & 0xFF)
+        os._exit(1)
+    _run()
+    raise SystemExit(0)
 
 
-def _run(args: list[str]) -> int:
-    """``python -m orchestrator ARGS`` in this process, as the interpreter would end it: its exit
-    code, its atexit handlers, its non-daemon threads joined, its output flushed."""
+def _run() -> None:
+    """``python -m orchestrator``: its SystemExit and KeyboardInterrupt go up to the top, as they
+    would in the interpreter; any other exception is what the interpreter does with it (a
+    traceback, exit 1), here, so that it never meets the server's loop."""
     import runpy
 
-    # New streams on the new fds 0-2 (those of the server point at its own).
-    sys.stdin = open(0, "r", closefd=False)
-    sys.stdout = open(1, "w", closefd=False, buffering=-1)
-    sys.stderr = open(2, "w", closefd=False, buffering=1)
-    sys.argv = [str(ROOT / "orchestrator" / "__main__.py"), *args]
-    code = 0
-    interrupted = False
     try:
         runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except KeyboardInterrupt:
-        interrupted = True
-    except BaseException:  # noqa: BLE001 - as the interpreter: a traceback and exit 1
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:  # noqa: BLE001
         import traceback
 
         traceback.print_exc()
-        code = 1
-    try:
-        threading._shutdown()  # the interpreter joins non-daemon threads before it exits
-    except Exception:  # noqa: BLE001
-        pass
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if interrupted:  # as CPython does for an uncaught KeyboardInterrupt: die of SIGINT
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    return code
+        raise SystemExit(1) from None
 
 
 # -- the client -----------------------------------------------------------------------------------
