@@ -10,7 +10,12 @@ import in the child, as in any orch process), and forks one child per command it
 child runs ``python -m orchestrator`` as the interpreter would, then exits with its code. The
 server relays each child's exit status, since only a parent can wait for a process.
 
-``ORCH_TEST_FORK=0`` turns it off: every ``orch`` is then a fresh interpreter (``subprocess``).
+Off by default: ``ORCH_TEST_FORK=1`` turns it on. With it on, the suite took 753-857 s instead of
+about 950 s on this 2-core machine, but two tests that send Ctrl-C to an ``orch`` they start
+themselves with ``subprocess`` (not forked: ``test_ctrl_c_leaves_the_job_running...`` and
+``test_up_train_watch_pull_down``'s monitor) failed in the two full runs of its last version and
+passed alone and in smaller runs; the cause was not found (see issue #41's note). Off, every
+``orch`` is a fresh interpreter (``subprocess``).
 """
 
 from __future__ import annotations
@@ -269,7 +274,7 @@ _lock = threading.Lock()
 
 def _socket_path() -> str | None:
     """This process's fork server, started on first use; None where it cannot run."""
-    if os.environ.get("ORCH_TEST_FORK", "1") == "0":
+    if os.environ.get("ORCH_TEST_FORK", "0") != "1":
         return None
     with _lock:
         if _server.get("pid") == os.getpid():
