@@ -51,7 +51,8 @@ def session_cache(tmp_path_factory) -> Path:
     identical tiny datasets are checked by the doctor once, not once per test (3 s of CPU each).
     The session's own folder: nothing carries over from an earlier run."""
     base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # An xdist worker's folder is RUN/popen-gwN; a run of its own (-n 0, a network-namespace shard) is RUN.
+    root = base.parent if base.name.startswith("popen-gw") else base
     return root / "xdg-cache"
 
 
