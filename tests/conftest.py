@@ -132,14 +132,20 @@ def on_instance(name: str):
 
 
 def orch_popen(args, env=None, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
-    """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface): a process of its
-    own, on one CPU (``one_cpu``), forked from a process that imported orch once (``tests.zygote``:
-    the import was a fifth of the suite's CPU)."""
+    """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface), on one CPU
+    (``one_cpu``); with ORCH_TEST_FORK=1, forked from a process that imported orch once
+    (``tests.zygote``, experimental)."""
     from tests import zygote
     from tests.fakes.hosts import quietest_cpu
 
-    return zygote.popen([str(a) for a in args], {**os.environ, **(env or {})}, ROOT, stdin=stdin, stdout=stdout,
-                        stderr=stderr, text=True, cpu=quietest_cpu())
+    full = {**os.environ, **(env or {})}
+    args = [str(a) for a in args]
+    forked = zygote.popen(args, full, ROOT, stdin=stdin, stdout=stdout, stderr=stderr, text=True, cpu=quietest_cpu()) \
+        if zygote.enabled() else None
+    if forked is not None:
+        return forked
+    return one_cpu(subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdin=stdin, stdout=stdout,
+                                    stderr=stderr, text=True, env=full, cwd=ROOT))
 
 
 def run_orch(*args, env=None, check=None, timeout=600, input=None):

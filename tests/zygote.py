@@ -195,11 +195,10 @@ def _run() -> None:
 class Forked:
     """What the tests use of ``subprocess.Popen``, for an orch process the server forked."""
 
-    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr, text: bool):
+    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr):
         self.args, self.pid, self._conn = args, pid, conn
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode = None
-        self._text = text
         self._buf = b""
 
     def _status(self, timeout: float | None) -> int | None:
@@ -272,9 +271,14 @@ _server: dict = {}
 _lock = threading.Lock()
 
 
+def enabled() -> bool:
+    """Whether this run forks its orch processes (``ORCH_TEST_FORK=1``): off by default."""
+    return os.environ.get("ORCH_TEST_FORK", "0") == "1"
+
+
 def _socket_path() -> str | None:
     """This process's fork server, started on first use; None where it cannot run."""
-    if os.environ.get("ORCH_TEST_FORK", "0") != "1":
+    if not enabled():
         return None
     with _lock:
         if _server.get("pid") == os.getpid():
@@ -298,19 +302,13 @@ def _socket_path() -> str | None:
 
 
 def popen(args: list[str], env: dict, cwd, stdin=None, stdout=None, stderr=None, text=True, cpu=None):
-    """``subprocess.Popen([sys.executable, "-m", "orchestrator", *args], ...)``, forked from the
-    server (or started so, where the server is off or gone). ``stdin``/``stdout``/``stderr``:
-    ``subprocess.PIPE`` or None (this process's own), as Popen takes them."""
+    """``subprocess.Popen([sys.executable, "-m", "orchestrator", *args], ...)`` forked from the
+    server, on ``cpu``; None where the server is off or gone (the caller starts it itself).
+    ``stdin``/``stdout``/``stderr``: ``subprocess.PIPE`` or None (this process's own), as Popen takes them."""
     path = _socket_path()
-    full = [sys.executable, "-m", "orchestrator", *args]
     if path is None:
-        proc = subprocess.Popen(full, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env, cwd=cwd)
-        if cpu is not None:
-            try:  # it is still importing: whatever it starts comes later and inherits this
-                os.sched_setaffinity(proc.pid, {cpu})
-            except OSError:
-                pass  # it has already ended
-        return proc
+        return None
+    full = [sys.executable, "-m", "orchestrator", *args]
     ours, theirs = [], []
     for fd, pipe, mode in ((0, stdin, "w"), (1, stdout, "r"), (2, stderr, "r")):
         if pipe == subprocess.PIPE:
@@ -338,7 +336,7 @@ def popen(args: list[str], env: dict, cwd, stdin=None, stdout=None, stderr=None,
     answer = json.loads(reply)
     if "pid" not in answer:
         raise RuntimeError(f"the fork server could not start orch: {answer.get('error')}")
-    return Forked(full, answer["pid"], conn, *ours, text=text)
+    return Forked(full, answer["pid"], conn, *ours)
 
 
 if __name__ == "__main__":
