@@ -16,6 +16,19 @@ CLOUD_ENV = ("LAMBDA_API_KEY", "LAMBDA_API_BASE_URL", "AWS_ACCESS_KEY_ID", "AWS_
              "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
+def pytest_configure(config):
+    """Ctrl-C reaches the orch processes the tests start, as it reaches a command typed at a
+    terminal. A suite started in the background of a script (``pytest ... &`` without job control,
+    as POSIX shells start asynchronous commands) inherits SIGINT ignored, and an ignored signal
+    stays ignored in every child across exec: each test that sends SIGINT to an orch then waited on
+    an orch that never saw it. A handler (not SIG_IGN) is reset to the default at exec, so each
+    child's Python installs its own KeyboardInterrupt as at any start."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _weight(item) -> int:
     mark = item.get_closest_marker("long")
     if mark is not None:
@@ -133,8 +146,8 @@ def on_instance(name: str):
 
 def orch_popen(args, env=None, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
     """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface), on one CPU
-    (``one_cpu``); with ORCH_TEST_FORK=1, forked from a process that imported orch once
-    (``tests.zygote``, experimental)."""
+    (``one_cpu``), forked from a process that imported orch once (``tests.zygote``;
+    ``ORCH_TEST_FORK=0``: a fresh interpreter, as a user's)."""
     from tests import zygote
     from tests.fakes.hosts import quietest_cpu
 
