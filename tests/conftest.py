@@ -62,11 +62,46 @@ def session_cache(tmp_path_factory) -> Path:
     """One XDG cache folder for the whole run, every worker's tests included: orch keeps there what
     holds for any ORCH_HOME (``libreyolo doctor``'s pass on a dataset's bytes), so the suite's many
     identical tiny datasets are checked by the doctor once, not once per test (3 s of CPU each).
-    The session's own folder: nothing carries over from an earlier run."""
+    The session's own folder: nothing carries over from an earlier run. A network-namespace shard
+    (a pytest of its own, started by a test of the run) shares its run's: the test that started
+    it set XDG_CACHE_HOME to it."""
+    from tests import netns
+
+    if netns.inside() and os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"])
     base = tmp_path_factory.getbasetemp()
     # An xdist worker's folder is RUN/popen-gwN; a run of its own (-n 0, a network-namespace shard) is RUN.
     root = base.parent if base.name.startswith("popen-gw") else base
     return root / "xdg-cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(session_cache) -> Path:
+    """A real LibreYOLO run, trained once for the whole run and shared by the tests that only read
+    what it wrote (its ``last.pt``, ``best.pt``, ``status.json``): LibreYOLO's own CLI, one epoch on
+    orch's synthetic dataset at 64 px. A training is 7-8 s of CPU, nearly all of it torch's import,
+    whatever its size. The first worker to ask trains it under a lock; the others wait and read."""
+    import fcntl
+
+    root = session_cache.parent / "tiny-run"
+    root.mkdir(parents=True, exist_ok=True)
+    run, done = root / "runs" / "t", root / "trained"
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, however this ends
+        if not done.exists():
+            from orchestrator import dataset
+
+            ds = dataset.synth(root / "birds")
+            cmd = [str(Path(sys.executable).parent / "libreyolo"), "train", f"data={ds / 'data.yaml'}",
+                   "model=yolo9-t", "epochs=1", "batch=4", "imgsz=64", "device=cpu", "pretrained=false",
+                   "workers=0", f"project={root / 'runs'}", "name=t", "exist_ok=true"]
+            env = {**os.environ, "HOME": str(root), "OMP_NUM_THREADS": "1"}
+            out = one_cpu(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=root,
+                                           env=env))
+            log, _ = out.communicate(timeout=600)
+            assert out.returncode == 0, log[-3000:]
+            done.write_text("")
+    return run
 
 
 @pytest.fixture(autouse=True)

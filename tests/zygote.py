@@ -68,6 +68,7 @@ def serve(path: str) -> None:
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     waiting: dict[int, socket.socket] = {}
+    asked: dict[int, dict] = {}
     parent = os.getppid()
     print("ready", flush=True)
     while True:
@@ -77,25 +78,25 @@ def serve(path: str) -> None:
             if key.data == "accept":
                 conn, _ = listener.accept()
                 try:
-                    pid = _spawn(conn, (listener, sel), wake_r, wake_w)
+                    pid, request = _spawn(conn, (listener, sel), wake_r, wake_w)
                 except Exception as e:  # noqa: BLE001 - this request fails, the server goes on
                     _send(conn, {"error": f"{type(e).__name__}: {e}"})
                     conn.close()
                     continue
-                waiting[pid] = conn
+                waiting[pid], asked[pid] = conn, request
                 _send(conn, {"pid": pid})
             else:
                 try:
                     os.read(wake_r, 4096)
                 except BlockingIOError:
                     pass
-            _reap(waiting)
+            _reap(waiting, asked)
 
 
-def _reap(waiting: dict) -> None:
+def _reap(waiting: dict, args: dict) -> None:
     while waiting:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -104,6 +105,19 @@ def _reap(waiting: dict) -> None:
         if conn is not None:
             _send(conn, {"returncode": os.waitstatus_to_exitcode(status)})
             conn.close()
+        _account(args.pop(pid, None), usage)
+
+
+def _account(request: dict | None, usage) -> None:
+    """ORCH_TEST_FORK_LOG=FILE: one JSON line per command (its arguments, the test that ran it, the
+    CPU seconds it and what it waited for used), to see where the suite's orch time goes."""
+    path = os.environ.get("ORCH_TEST_FORK_LOG")
+    if not path or request is None:
+        return
+    line = json.dumps({"args": request["args"][:3], "test": request["env"].get("PYTEST_CURRENT_TEST", ""),
+                       "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def _send(conn: socket.socket, msg: dict) -> None:
@@ -113,7 +127,7 @@ def _send(conn: socket.socket, msg: dict) -> None:
         pass  # the test that asked is gone
 
 
-def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> int:
+def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> tuple[int, dict]:
     data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     while not data.endswith(b"\n"):
         more = conn.recv(1 << 20)
@@ -127,7 +141,7 @@ def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> int:
     if pid:
         for fd in fds:
             os.close(fd)
-        return pid
+        return pid, request
     # The child: from here on it is the orch process. It never returns into the server's loop: it
     # ends as the interpreter ends any program, with SystemExit or KeyboardInterrupt unwinding to
     # the top (neither is an Exception, which the loop would catch), so that its atexit handlers,
