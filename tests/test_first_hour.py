@@ -130,17 +130,17 @@ def _in_a_terminal(args: list[str], answer: str) -> tuple[int, str]:
     return proc.returncode, seen.decode(errors="replace") + out
 
 
-@pytest.mark.long
 def test_logs_without_a_run_and_down_of_a_training_instance_asks_first(orch_home):
-    from tests.clouds import open_orch
+    from tests.clouds import arrange, open_orch
 
-    for name in ("ta", "tb", "tc"):
-        run_orch("up", name, "--cpu", check=0)
+    here = open_orch()
+    for name in ("ta", "tb", "tc"):  # ready local instances: `logs`, `ssh` and `down` are under test, not `up`
+        arrange(here, name)
     logs = run_orch("logs", "tb")
     assert logs.returncode == 2 and "no training run" in logs.stderr and logs.stdout == ""
     _ssh_starts_ssh_without_the_full_cli("tb")
 
-    ledger = open_orch().ledger
+    ledger = here.ledger
     ledger.add_run(instance_id=ledger.by_name("ta").id, model="yolo9-t", data="x", epochs=9, run_dir="/nowhere",
                    pid=1, state="running")  # as the ledger records a training started by `orch up --data`
     refused = run_orch("down", "ta", "tb")  # no terminal to ask on: refused, nothing destroyed

@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator import remote
 from playbooks import host as on_host
+from tests.clouds import arrange, open_orch
 from tests.conftest import run_orch
 from tests.fakes.hosts import Host, sshd_available
 
@@ -82,7 +83,7 @@ def test_the_fake_host_reproduces_the_bash_hang_a_cloud_image_has(machine, key):
 
 
 def test_the_local_provider_runs_commands_through_the_login_shell(orch_home):
-    run_orch("up", "sh1", "--cpu", check=0)
+    arrange(open_orch(), "sh1")  # a ready local instance: its sshd, not provisioning, is under test
     try:
         got = run_orch("ssh", "sh1", "--", "ps -o comm= -p $$; :", check=0).stdout.strip()
         login = pwd.getpwnam(getpass.getuser()).pw_shell.rsplit("/", 1)[-1]

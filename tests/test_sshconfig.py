@@ -1,4 +1,8 @@
-"""`orch ssh-config`: the real OpenSSH client (ssh, scp) against real local sshd instances."""
+"""`orch ssh-config`: the real OpenSSH client (ssh, scp) against real local sshd instances.
+
+What is tested here is the file and what OpenSSH does through it, not provisioning: the instances
+are ready local ones made without it (``tests.clouds.arrange``: a real sshd, in the ledger, its
+host key vouched for by the local provider), as ``orch up`` leaves them minus torch's probe."""
 
 import shutil
 import socket
@@ -9,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.clouds import arrange, open_orch
 from tests.conftest import ROOT, run_orch
 
 pytestmark = pytest.mark.skipif(not all(map(shutil.which, ("ssh", "scp", "rsync"))),
@@ -26,7 +31,7 @@ def hosts(config: Path) -> list[str]:
 
 @pytest.mark.long
 def test_ssh_and_scp_reach_the_instance_and_the_file_follows_up_stop_start_down(orch_home, tmp_path):
-    run_orch("up", "box1", "--cpu", check=0)
+    arrange(open_orch(), "box1")
     proc = run_orch("ssh-config", check=0)
     config = Path(proc.stdout.strip())
     assert config == orch_home / "ssh_config" and "orch-box1" in proc.stderr
@@ -51,8 +56,9 @@ def test_ssh_and_scp_reach_the_instance_and_the_file_follows_up_stop_start_down(
                    check=True, capture_output=True, timeout=60)
     assert synced.read_text() == "sent with scp\n"
 
-    # A second instance appears without running ssh-config again (the instance_event hook).
-    run_orch("up", "box2", "--cpu", check=0)
+    # A second instance appears without running ssh-config again (the instance_event hook, here in
+    # this process's Orch; `orch stop`, `start` and `down` below are the CLI's own processes).
+    arrange(open_orch(), "box2")
     assert hosts(config) == ["orch-box1", "orch-box2"]
     assert ssh(config, "orch-box2", "true").returncode == 0
 
@@ -71,7 +77,7 @@ def test_ssh_and_scp_reach_the_instance_and_the_file_follows_up_stop_start_down(
 
 @pytest.mark.skipif(not shutil.which("rsync"), reason="needs rsync")
 def test_rsync_and_what_vscode_remote_ssh_does_work_through_the_entry(orch_home, tmp_path):
-    run_orch("up", "box1", "--cpu", check=0)
+    arrange(open_orch(), "box1")
     config = Path(run_orch("ssh-config", check=0).stdout.strip())
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
@@ -113,7 +119,7 @@ def test_rsync_and_what_vscode_remote_ssh_does_work_through_the_entry(orch_home,
 
 
 def test_a_host_key_other_than_the_pinned_one_is_refused(orch_home):
-    run_orch("up", "box1", "--cpu", check=0)
+    arrange(open_orch(), "box1")
     config = Path(run_orch("ssh-config", check=0).stdout.strip())
     known = orch_home / "ssh_known_hosts"
     host, _key = known.read_text().split(" ", 1)
@@ -137,7 +143,7 @@ def test_install_is_idempotent_with_a_backup_and_uninstall_takes_it_out(orch_hom
     cfg.write_text(original)
     cfg.chmod(0o600)
 
-    run_orch("up", "box1", "--cpu", check=0)
+    arrange(open_orch(), "box1")
     proc = run_orch("ssh-config", "--install", check=0)
     text = cfg.read_text()
     include = f'Include "{orch_home / "ssh_config"}"'
@@ -176,7 +182,7 @@ def test_an_orch_home_with_a_space_works_through_the_include(tmp_path, monkeypat
     home = tmp_path / "Application Support" / "orch"  # macOS's kind of path
     monkeypatch.setenv("ORCH_HOME", str(home))
     try:
-        run_orch("up", "box1", "--cpu", check=0)
+        arrange(open_orch(), "box1")  # opened after ORCH_HOME moved: the spaced home's ledger
         proc = run_orch("ssh-config", "--install", check=0)
         assert f"ssh -F '{home / 'ssh_config'}'" not in proc.stderr  # installed: no -F hint needed
         cfg = Path.home() / ".ssh" / "config"
