@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.clouds import arrange, open_orch
 from tests.conftest import ROOT, run_orch
 from tests.fakes.webhook import SECRET, Hook
 
@@ -45,6 +46,23 @@ def reap_until(predicate, timeout=90) -> list:
     raise AssertionError(f"not seen in {timeout} s: {[p.stdout for p in procs[-2:]]}")
 
 
+def ready(name: str, watchdog_on: bool = True, **policy):
+    """A ready local instance without `orch up`'s provisioning (``tests.clouds.arrange``), with the
+    idle policy `orch up --idle-minutes ... --on-idle ...` records (``policy``) and, unless
+    ``watchdog_on`` is False, the watchdog `orch up` arms once it is ready: these tests watch what
+    the watchdog and the reaper do to it. The first test runs the real `orch up`, with its output."""
+    from orchestrator import policy as policies
+    from orchestrator import watchdog
+
+    orch = open_orch()
+    inst = arrange(orch, name)
+    if policy:
+        inst = orch.ledger.update(inst.id, policy=policies.from_flags(**policy))
+    if watchdog_on:
+        assert watchdog.arm(orch, inst), [e.reason for e in orch.ledger.events(inst.id)]
+    return inst
+
+
 def test_an_instance_destroyed_by_its_watchdog_is_posted_once_without_the_url_anywhere(orch_home, hook):
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\n')
     up = run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
@@ -73,7 +91,7 @@ def test_an_instance_gone_from_its_provider_is_posted_as_lost(orch_home, hook):
     from providers import local
 
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["lost"]\n')
-    run_orch("up", "box1", "--cpu", check=0)
+    ready("box1")
     [folder] = (orch_home / "local").iterdir()
     local.kill_instance(folder, folder.name.split("-")[1], timeout=5)  # someone else deleted it
     shutil.rmtree(folder)
@@ -87,7 +105,7 @@ def test_an_instance_gone_from_its_provider_is_posted_as_lost(orch_home, hook):
 def test_an_instance_destroyed_by_the_reaper_is_posted_as_such(orch_home, hook):
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["reaper"]\n')
     alone = {"ORCH_WATCHDOG": "off"}  # the reaper alone on duty: no watchdog on the instance to beat it
-    run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", env=alone, check=0)
+    ready("box1", watchdog_on=False, idle_minutes=0.02, on_idle="destroy")
     time.sleep(2)
     reap = run_orch("reap", env=alone, check=0)
     time.sleep(1)
@@ -132,7 +150,7 @@ def test_a_spot_instance_outbid_is_posted_as_preempted(orch_home, tmp_path, monk
 
 def test_events_not_asked_for_are_not_posted(orch_home, hook):
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["preempted", "job"]\n')
-    run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
+    ready("box1", idle_minutes=0.02, on_idle="destroy")
     reap_until(lambda: json.loads(run_orch("status", "--json", check=0).stdout) == [])
     time.sleep(1)
     assert hook.posts == []
@@ -142,7 +160,7 @@ def test_a_failing_webhook_is_one_warning_without_the_url_and_never_the_commands
     broken = Hook(status=500)
     try:
         write_config(orch_home, f'[notify]\nwebhook_url = "{broken.url}"\n')
-        run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
+        ready("box1", idle_minutes=0.02, on_idle="destroy")
         procs = reap_until(lambda: broken.posts)
         warned = [line for p in procs for line in p.stderr.splitlines() if "notification" in line]
         assert len(warned) == 1 and "HTTP 500" in warned[0], warned

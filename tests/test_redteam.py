@@ -11,7 +11,7 @@ from collections import OrderedDict
 import pytest
 
 from orchestrator import dataset
-from tests.clouds import open_orch
+from tests.clouds import arrange, open_orch
 from tests.conftest import needs_torch, run_orch
 from tests.test_checkpoint import _Boom
 from tests.test_untrusted import one_line_refusal
@@ -177,9 +177,8 @@ def _a_run_that_lies(orch_home, name, epochs=2, save_period=1):
     400 epoch_N.pt files: what a hostile host serves for free."""
     import json
 
-    run_orch("up", name, "--cpu", check=0)
     orch = open_orch()
-    inst = orch.ledger.by_name(name)
+    inst = arrange(orch, name)  # ready, not provisioned: the run is the hostile host's
     work = next((orch_home / "local").glob(f"orch-*-{name}")) / "home" / "orch"
     run_dir = work / "runs" / "r1"
     (run_dir / "weights").mkdir(parents=True)
@@ -291,30 +290,39 @@ def test_every_refused_name_or_text_option_creates_nothing(tmp_path, monkeypatch
 
     from orchestrator.cli import check, data, db, demo, instances, offers, reaper, reconcile  # noqa: F401
     from orchestrator.cli.app import app
+    from tests.conftest import _cleanup_local
     from tests.test_untrusted import _commands, cli_in_process
 
     names = ["../x", "X Y", "-x", "", "a" * 300, "a\nb", "x/../../y"]
     texts = ["../../x", "", "\x00", "nope-provider", "a\nb", "x" * 300]
     tried, created = 0, []
-    for path, callback in _commands(app):
-        params = inspect.signature(callback).parameters
-        hints = typing.get_type_hints(callback)
-        wanted = [n for n, p in params.items() if isinstance(p.default, typer.models.ArgumentInfo)
-                  and p.default.default is ...]
-        good = {n: "x1" if n in ("name", "provider", "folder") else "acme/x" if n == "repo" else "x" for n in wanted}
-        cases = [[*path, *[(v if m == n else good[m]) for m in wanted]] for n in wanted for v in names]
-        for pname, p in params.items():
-            if isinstance(p.default, typer.models.OptionInfo) and hints.get(pname) in (str, typing.Optional[str]):
-                flag = next((d for d in (p.default.param_decls or ()) if d.startswith("--")),
-                            "--" + pname.replace("_", "-"))
-                cases += [[*path, *good.values(), f"{flag}={v}"] for v in texts]
-        for args in cases:
-            home = tmp_path / f"h{tried}"
-            tried += 1
-            code, err = cli_in_process(monkeypatch, capsys, home, args)
-            assert "Traceback" not in err and "internal error" not in err, (args, err)
-            if code == 2 and home.exists():
-                created.append((args, sorted(p.name for p in home.iterdir()), err.strip()[:120]))
+    try:
+        for path, callback in _commands(app):
+            params = inspect.signature(callback).parameters
+            hints = typing.get_type_hints(callback)
+            wanted = [n for n, p in params.items() if isinstance(p.default, typer.models.ArgumentInfo)
+                      and p.default.default is ...]
+            good = {n: "x1" if n in ("name", "provider", "folder") else "acme/x" if n == "repo" else "x"
+                    for n in wanted}
+            cases = [[*path, *[(v if m == n else good[m]) for m in wanted]] for n in wanted for v in names]
+            for pname, p in params.items():
+                if isinstance(p.default, typer.models.OptionInfo) and hints.get(pname) in (str, typing.Optional[str]):
+                    flag = next((d for d in (p.default.param_decls or ()) if d.startswith("--")),
+                                "--" + pname.replace("_", "-"))
+                    cases += [[*path, *good.values(), f"{flag}={v}"] for v in texts]
+            for args in cases:
+                home = tmp_path / f"h{tried}"
+                tried += 1
+                code, err = cli_in_process(monkeypatch, capsys, home, args)
+                assert "Traceback" not in err and "internal error" not in err, (args, err)
+                if code == 2 and home.exists():
+                    created.append((args, sorted(p.name for p in home.iterdir()), err.strip()[:120]))
+    finally:
+        # An input that is not refused runs for real: `orch up x1 --image=../../x` rents a local
+        # instance (the local provider has no images) whose sshd and watchdog would outlive the
+        # test, in a home that the autouse ``orch_home`` fixture does not clean.
+        for home in tmp_path.glob("h*"):
+            _cleanup_local(home)
     assert tried > 150 and created == [], created
 
 

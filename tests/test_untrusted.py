@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import dataset
 from playbooks import pull as pulling
-from tests.clouds import open_orch
+from tests.clouds import arrange, open_orch
 from tests.conftest import needs_torch, run_orch
 
 ON_INSTANCE = Path(__file__).resolve().parent.parent / "playbooks" / "on_instance"
@@ -82,10 +82,9 @@ def _make_hostile(orch_home, name):
 
 
 def test_a_hostile_instance_writes_nothing_outside_its_run_folder_and_blocks_the_destroy(orch_home):
-    run_orch("up", "evil", "--cpu", check=0)
+    orch = open_orch()
+    inst = arrange(orch, "evil")  # ready, not provisioned: the run and its Python are the test's
     try:
-        orch = open_orch()
-        inst = orch.ledger.by_name("evil")
         run_dir = _make_hostile(orch_home, "evil")
         orch.ledger.add_run(instance_id=inst.id, model="yolo9-t", data="x", epochs=2, run_dir=str(run_dir), pid=1,
                             state="running")
@@ -120,10 +119,9 @@ esac
 
 
 def test_a_file_rewritten_while_pulled_is_read_again_and_the_others_still_come_home(orch_home):
-    run_orch("up", "chg", "--cpu", check=0)
+    orch = open_orch()
+    inst = arrange(orch, "chg")  # ready, not provisioned: the run and its Python are the test's
     try:
-        orch = open_orch()
-        inst = orch.ledger.by_name("chg")
         work = next((orch_home / "local").glob("orch-*-chg")) / "home" / "orch"
         run_dir = work / "runs" / "r1"
         (run_dir / "weights").mkdir(parents=True)
@@ -216,10 +214,9 @@ def test_train_args_cannot_move_the_run_or_pass_options(orch_home, tmp_path, arg
 
 
 def test_an_ssh_user_that_is_an_option_never_reaches_ssh(orch_home, tmp_path):
-    run_orch("up", "usr", "--cpu", check=0)
+    orch = open_orch()
+    inst = arrange(orch, "usr")
     try:
-        orch = open_orch()
-        inst = orch.ledger.by_name("usr")
         orch.ledger.update(inst.id, ssh_user=f"-oProxyCommand=touch {tmp_path / 'PWNED'}")
         proc = run_orch("ssh", "usr", "--", "true")
         assert proc.returncode != 0 and "not an SSH user name" in proc.stderr
@@ -276,7 +273,7 @@ def test_extract_caps_size_and_member_count(tmp_path):
 def test_a_changed_host_key_at_start_ends_stopped_with_the_next_command_named(orch_home):
     from providers import local
 
-    run_orch("up", "hk", "--cpu", check=0)
+    arrange(open_orch(), "hk")  # ready, not provisioned: what is checked is the key at the start
     run_orch("stop", "hk", check=0)
     root = next((orch_home / "local").glob("orch-*-hk"))
     for f in ("host_key", "host_key.pub"):
