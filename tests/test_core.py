@@ -88,12 +88,11 @@ def test_a_stopping_local_instance_is_reported_stopped_only_once_nothing_of_it_r
 
 @needs_torch
 def test_provision_twice_installs_nothing_and_verify_runs_on_cpu(orch_home):
-    from orchestrator.lifecycle import Orch
-    from orchestrator.provider import Request
     from playbooks.provision import provision, verify
+    from tests.clouds import arrange, open_orch
 
-    orch = Orch.open(say=lambda m: None)
-    inst = orch.up("twice", "local", Request(name="twice", cpu=True))
+    orch = open_orch()
+    inst = arrange(orch, "twice")  # not provisioned yet: the first provision below is its first
     with orch.connect(inst) as c:
         first = provision(c, gpu=False)
         second = provision(c, gpu=False)

@@ -261,7 +261,7 @@ def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(o
     run_orch("ssh", "team", "--node", "1", "--", f"kill {pid}", check=0)  # this one process, by its id
     time.sleep(1)
     second = reap()
-    assert second["team-0"]["action"] == second["team-1"]["action"] == "stop", second
+    assert second["team-0"]["action"] == second["team-1"]["action"] == "stop", json.dumps(second)
     assert second["team-0"]["acted"] and second["team-1"]["acted"]
 
     spent = json.loads(run_orch("cost", "team", "--json", check=0).stdout)

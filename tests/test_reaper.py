@@ -198,15 +198,29 @@ def events(name):
     return json.loads(run_orch("status", name, "--json", check=0).stdout)["events"]
 
 
+def arrange_with_policy(name, **flags):
+    """A ready local instance with the reaper policy `orch up --idle-minutes ...` gives it (the same
+    ``policy.from_flags``) and the prices `orch up` records, not provisioned: what these tests check is
+    the controller's reaper, which needs no torch there (`orch up` itself: tests/test_core.py and
+    tests/test_first_hour.py). ``arrange`` records the running price only; the stopped one is read
+    from the provider as ``Orch.created`` reads it."""
+    from tests.clouds import arrange, open_orch
+
+    orch = open_orch()
+    inst = arrange(orch, name)
+    provider = orch.provider(inst.provider)
+    price, stopped = provider.prices(provider.get(inst.provider_id))
+    return orch.ledger.update(inst.id, policy=policies.from_flags(**flags), price_hr=price, stopped_price_hr=stopped)
+
+
 @pytest.fixture
 def no_watchdog(monkeypatch):
     """The controller's reaper alone on duty (the watchdog would race it)."""
     monkeypatch.setenv("ORCH_WATCHDOG", "off")
 
 
-@needs_torch
 def test_dry_run_protected_then_idle_instance_is_stopped(orch_home, no_watchdog):
-    run_orch("up", "idle1", "--cpu", "--idle-minutes", "0.01", check=0)
+    arrange_with_policy("idle1", idle_minutes=0.01)
     root = live_root(orch_home, "idle1")
     time.sleep(1)
     before = events("idle1")
@@ -295,11 +309,10 @@ def _interactive_session(orch_home, inst):
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-@needs_torch
 def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_watchdog):
     orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 2.0\nstopped_price_per_hour = 0.1\n")
-    run_orch("up", "dl", "--cpu", "--idle-minutes", "600", "--max-hours", "1", "--rebuild-cost", "1.0", check=0)
+    arrange_with_policy("dl", idle_minutes=600, max_hours=1, rebuild_cost=1.0)
     orch = reaper_orch()
     inst = orch.ledger.by_name("dl")
     person = _interactive_session(orch_home, inst)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clouds import configure, local_billing, open_orch, wait_for
+from tests.clouds import arrange, configure, local_billing, open_orch, wait_for
 from tests.conftest import run_orch
 from tests.fakes.webhook import Hook
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
@@ -33,6 +33,26 @@ def make(name: str, size: int = 5) -> None:
     from orchestrator import volumes as made
 
     made.create(open_orch(), name, "local", size, None)
+
+
+def mounting(name: str, *flags: str):
+    """A ready local instance mounting each volume FLAGS names (``NAME:PATH``, as `--volume` takes
+    them), as `orch up` leaves it but not provisioned (no torch, no probe: what these tests check is
+    the volume). The volumes are placed as `orch up` places them, the provider links each at its
+    path, and the two steps `orch up` adds are taken here: the mounts attached in the ledger
+    (``volume_mounts.record``) and each made ready and checked as the login user
+    (``volume_mounts.make_ready``). `orch up --volume` itself: the group and the cannot-be-mounted
+    tests below."""
+    from orchestrator import volume_mounts, volume_uses
+    from orchestrator.provider import Request
+
+    orch = open_orch()
+    uses = [u.to_dict() for u in volume_uses.flags(list(flags))]
+    request, _, _ = volume_mounts.narrow(orch, Request(name=name, cpu=True), uses, 1, None)
+    inst = arrange(orch, name, mounts=request.mounts)
+    volume_mounts.record(orch, inst, request.mounts)
+    volume_mounts.make_ready(orch, inst)
+    return inst
 
 
 def job_json(name: str) -> dict:
@@ -78,7 +98,7 @@ def test_a_volume_is_made_listed_costed_and_removed_only_on_request(orch_home):
 def test_volumes_on_a_shared_postgresql_ledger(pg_url, orch_home):
     """The same verbs on PostgreSQL (a team's ledger): the models' reads, the name's advisory lock."""
     make("data")
-    run_orch("up", "box", "--cpu", "--volume", "data:~/data", check=0)
+    mounting("box", "data:~/data")
     assert [a["instance"] for a in volumes()["data"]["attached_to"]] == ["box"]
     assert "attached to box" in run_orch("volume", "rm", "data", "--yes", check=2).stderr
     assert "box mounts volume data" in run_orch("status", check=0).stdout
@@ -197,7 +217,7 @@ def test_a_volume_written_by_one_job_is_read_by_the_next_on_another_instance_wit
 
 def test_status_shows_what_is_mounted_and_rm_is_refused_while_it_is(orch_home):
     make("data")
-    run_orch("up", "box", "--cpu", "--volume", "data:~/data", check=0)
+    mounting("box", "data:~/data")
     run_orch("ssh", "box", "--", "echo kept > ~/data/file", check=0)
     assert (orch_home / "volumes" / "data" / "file").read_text() == "kept\n"
 
@@ -240,7 +260,7 @@ def test_a_dataset_is_staged_on_the_volume_once_and_reused_while_its_checksums_m
 
     make("ds")
     for name in ("box", "twin"):  # two instances on one volume, as a group's nodes share one
-        run_orch("up", name, "--cpu", "--volume", "ds:~/v", check=0)
+        mounting(name, "ds:~/v")
     info = dataset.validate(dataset.synth(tmp_path / "birds", n_train=4, n_val=2), doctor=False)
     tar = dataset.pack(info, tmp_path / "birds.tar")
     spec = training.TrainSpec(data=str(tmp_path / "birds"), local_tar=tar,
