@@ -1,3 +1,3 @@
-from orchestrator.cli.main import main
+from orchestrator.cli.main import entry
 
-main()
+entry()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
@@ -195,6 +196,10 @@ class Ledger:
         else:
             self.engine = _engine(url)
         self._reader = self.engine.execution_options(orch_read_only=True)
+        # Its connections close when the ledger is dropped or, at the latest, among the process's
+        # atexit handlers (``cli.main._end`` ends orch without tearing its modules down): SQLite
+        # checkpoints its WAL then, and PostgreSQL sees a client leave instead of a dropped socket.
+        weakref.finalize(self, self.engine.dispose)
         if upgrade:
             self.ensure_schema()
 

@@ -12,6 +12,7 @@ database through SQLAlchemy Core. Only columns every schema revision has are rea
 
 from __future__ import annotations
 
+import atexit
 import secrets
 import sqlite3
 from datetime import datetime, timezone
@@ -133,6 +134,7 @@ def _sqlalchemy(url: str, query, columns, params: dict | None = None) -> list[di
     engine = _engines.get(url)
     if engine is None:
         engine = _engines[url] = create_engine(url, pool_pre_ping=True)
+        atexit.register(engine.dispose)  # kept for the process: its connections close as it ends
     with engine.connect() as conn:
         return [dict(zip(columns, row)) for row in conn.execute(text(query) if isinstance(query, str) else query,
                                                                  params or {})]

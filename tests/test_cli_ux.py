@@ -129,3 +129,31 @@ def test_install_completion_puts_the_script_where_bash_reads_it(orch_home):
     shown = subprocess.run(["bash", "-c", "source ~/.bashrc && complete -p orch"], capture_output=True, text=True,
                            env={**os.environ, "HOME": str(home)}, timeout=30).stdout
     assert "_orch_completion" in shown
+
+
+def test_an_orch_process_ends_with_its_ledger_closed_and_a_reader_that_left_said_once(orch_home, tmp_path):
+    """``orch`` ends its own process (``cli.main.entry``) without the interpreter's teardown of every
+    module: what that teardown did that a user can see must still happen. A fresh interpreter here,
+    not the tests' fork server: the console script's and ``python -m orchestrator``'s own end."""
+    def orch(*args, **kw):
+        return subprocess.run([sys.executable, "-m", "orchestrator", *args], text=True, cwd=ROOT, timeout=60, **kw)
+
+    task = tmp_path / "task.yaml"
+    task.write_text("name: nightly\nresources: {cpu: true}\nrun: echo hi\n")
+    made = orch("schedule", "add", "-f", str(task), "--cron", "0 2 * * *", capture_output=True)
+    assert made.returncode == 0, made.stderr
+    listed = orch("schedule", "ls", "--json", capture_output=True)
+    assert listed.returncode == 0 and [s["name"] for s in json.loads(listed.stdout)] == ["nightly"]
+    # The ledger's connections were closed as the process ended: SQLite checkpointed its WAL into
+    # ledger.db and removed the -wal file, as at an exit through the interpreter's teardown.
+    assert (orch_home / "ledger.db").exists() and not (orch_home / "ledger.db-wal").exists()
+    # A reader that leaves before orch writes (`orch schedule ls --json | head -c0`): exit 1, the
+    # output cut short, and no "Exception ignored ... BrokenPipeError" from a last flush.
+    r, w = os.pipe()
+    os.close(r)
+    with os.fdopen(w, "w") as gone:
+        cut = orch("schedule", "ls", "--json", stdout=gone, stderr=subprocess.PIPE)
+    assert cut.returncode == 1 and cut.stderr == "", cut.stderr
+    # A usage error still exits 2 with one line, through the same end.
+    bad = orch("schedule", "add", "-f", str(task), "--cron", "not a cron", capture_output=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -142,11 +142,11 @@ def _spawn(conn: socket.socket, server: tuple, wake_r: int, wake_w: int) -> tupl
         for fd in fds:
             os.close(fd)
         return pid, request
-    # The child: from here on it is the orch process. It never returns into the server's loop: it
-    # ends as the interpreter ends any program, with SystemExit or KeyboardInterrupt unwinding to
-    # the top (neither is an Exception, which the loop would catch), so that its atexit handlers,
-    # non-daemon threads and objects are finished as at any exit (SQLite checkpoints its WAL when
-    # the last connection is closed: os._exit would leave a different ledger on disk).
+    # The child: from here on it is the orch process. It never returns into the server's loop: orch
+    # ends its own process (``cli.main.entry``: threads joined, atexit handlers run, the ledger's
+    # connections closed, streams flushed, then os._exit), as it does when started by the interpreter;
+    # whatever escapes that (SystemExit or KeyboardInterrupt, neither an Exception, which the loop
+    # would catch) unwinds to the top, where the interpreter ends the child as any program.
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
