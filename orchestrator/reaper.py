@@ -330,6 +330,14 @@ def _group_busy(orch, inst, d: Decision) -> Decision:
             obs, _ = look(orch, node, orch.ledger.latest_run(node.id), writes=False)
         except SSHError:
             return False
+        except OrchError:
+            # The same pass may be stopping this node right now (its row went to STOPPING before the
+            # provider's stop): a look at a host going down fails in many ways, not only as SSH.
+            # A node no longer ready is not busy; one still ready that cannot be read is an error.
+            now = orch.ledger.get(node.id)
+            if now is None or now.state != states.READY:
+                return False
+            raise
         return bool(busy_reasons("training" if obs.training_alive else None, obs.sessions, obs.gpu_util))
 
     if not groups.busy(orch, inst, is_busy):

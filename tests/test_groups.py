@@ -272,3 +272,38 @@ def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(o
     shown = run_orch("cost", check=0).stdout
     assert "group team" in shown and "over 2 nodes" in shown
     run_orch("down", "team", check=0)
+
+
+def test_a_sibling_the_same_pass_is_stopping_is_not_busy_but_an_unreadable_ready_one_is_an_error(orch_home, monkeypatch):
+    """The reaper stops a whole idle group in one pass, its nodes in parallel: node 0's group check
+    may look at node 1 while node 1 is being stopped (its row already STOPPING, its host going down).
+    Whatever that look fails with, node 1 is no longer busy, and node 0 is stopped with it; a node
+    still ready that cannot be read stays an error, never a guess. The race is made here at the one
+    seam it runs through, the look, so that it happens every time."""
+    from orchestrator import reaper, states
+    from orchestrator.errors import OrchError
+    from orchestrator.lifecycle import Orch
+    from orchestrator.rules import STOP, Decision
+
+    orch = Orch.open(say=lambda m: None)
+    head, other = (orch.ledger.create_instance(name=f"team-{r}", provider="local", group_id="g1", group_name="team",
+                                               node_rank=r, group_size=2) for r in (0, 1))
+    for node in (head, other):
+        for state in (states.PROVISIONING, states.READY):
+            orch.ledger.transition(node.id, state, reason="test")
+    idle = Decision(STOP, "idle 10 of 10 min", kind="idle")
+
+    def stopped_meanwhile(orch_, node, run, writes=True):
+        orch_.ledger.transition(node.id, states.STOPPING, reason="stopped by the same pass")
+        raise OrchError("the instance's answer was cut short")  # what a host going down may say
+
+    monkeypatch.setattr(reaper, "look", stopped_meanwhile)
+    assert reaper._group_busy(orch, orch.ledger.get(head.id), idle) is idle
+
+    def unreadable(orch_, node, run, writes=True):
+        raise OrchError("the instance's answer was cut short")
+
+    orch.ledger.transition(other.id, states.READY, reason="the stop failed: ready again")
+    monkeypatch.setattr(reaper, "look", unreadable)
+    with pytest.raises(OrchError, match="cut short"):
+        reaper._group_busy(orch, orch.ledger.get(head.id), idle)
