@@ -262,7 +262,7 @@ def test_a_spot_instance_taken_back_by_the_market_is_preempted_not_lost(ec2):
     from orchestrator import cost
 
     [row], _ = cost.report(orch.ledger, "sp", None)
-    time.sleep(1.0)
+    time.sleep(1.0)  # clock: a second of wall time, which anything still billing would be charged for
     [later], _ = cost.report(orch.ledger, "sp", None)
     assert later.total_usd == row.total_usd, "nothing billed after the termination, its disk included"
     assert row.stopped_hours < 1 / 3600, "no stretch at the disk's rate: the volume went with the instance"
@@ -320,7 +320,7 @@ def test_reap_destroys_an_idle_spot_instance_it_cannot_stop(ec2, monkeypatch):
     orch = open_orch()
     inst = arrange(orch, "idle", spot=True)
     orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.01).to_json())
-    time.sleep(1.5)
+    time.sleep(1.5)  # clock: the idle rule's 0.01 min (0.6 s of wall time since ready) must have run out
     out = {o.name: o for o in reaper.reap(open_orch())}["idle"]
     assert out.state == states.DESTROYED, out
     assert m.billing() == []

@@ -2,11 +2,11 @@
 
 import getpass
 import json
-import time
 
 import pytest
 
 from orchestrator import dataset
+from tests.clouds import wait_for
 from tests.conftest import needs_torch, run_orch
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
@@ -82,15 +82,18 @@ def test_runpod_up_with_a_long_training_returns_once_it_runs(orch_home, runpod, 
     run = json.loads(up.stdout)["run"]
     started = datetime.fromisoformat(run["started_at"].replace("Z", "+00:00"))
     assert (returned - started).total_seconds() < 60, f"up returned {returned - started} after the training started"
-    seen = []
-    for _ in range(60):  # LibreYOLO's first epoch: the run reports "starting" until then
-        detail = json.loads(run_orch("status", "long", "--json", env=env, check=0).stdout)
-        seen.append(detail["run"]["state"])
-        if seen[-1] != "starting":
-            break
-        time.sleep(1)
-    assert detail["state"] == "ready" and seen[-1] == "running", seen
     pod = fake.live()[0]
+    status_json = pod.host.path(run["run_dir"]) / "status.json"
+
+    def first_epoch_begun() -> bool:  # the run reports "starting" until LibreYOLO writes its status.json
+        try:
+            return json.loads(status_json.read_text()).get("state") is not None
+        except (OSError, ValueError):
+            return False
+
+    wait_for(first_epoch_begun, timeout=120, what="LibreYOLO's status.json on the pod")
+    detail = json.loads(run_orch("status", "long", "--json", env=env, check=0).stdout)
+    assert detail["state"] == "ready" and detail["run"]["state"] == "running", detail["run"]
     assert any("train_entry.py" in p for p in pod.host.processes()), "the training outlived orch up's SSH session"
     assert pod.host.run("getent passwd root").stdout.strip().endswith(":/bin/bash")  # the shell that hid nothing
     run_orch("down", "long", "--no-pull", "--yes", env=env, check=0)

@@ -1,11 +1,11 @@
 """A real 2-node LibreYOLO training: two local instances, torchrun on each, gloo on CPU, tiny data."""
 
 import json
-import time
 
 import pytest
 
 from orchestrator import dataset
+from tests.clouds import wait_for
 from tests.conftest import needs_torch, run_orch
 
 pytestmark = [needs_torch, pytest.mark.training]
@@ -50,18 +50,11 @@ def test_two_nodes_train_one_run_under_torchrun_and_rank_0_brings_the_weights_ho
     assert group["run"]["run_dir"] and "world size 2" in up.stderr, up.stderr
 
     # Both nodes train at once, each under its own torchrun.
-    deadline = time.monotonic() + 300
-    while not all(torchrun_pids(i) for i in ids):
-        assert time.monotonic() < deadline, "torchrun never ran on both nodes at once"
-        time.sleep(0.5)
+    wait_for(lambda: all(torchrun_pids(i) for i in ids), timeout=300, what="torchrun on both nodes at once")
 
-    deadline = time.monotonic() + 600
-    while True:
-        shown = json.loads(run_orch("status", "duo", "--json", check=0).stdout)
-        if shown["run"]["state"] in ("completed", "failed", "crashed"):
-            break
-        assert time.monotonic() < deadline, shown["run"]
-        time.sleep(3)
+    # The training ends when no process of it is left on either node (read here, no orch command).
+    wait_for(lambda: not any(training_pids(i) for i in ids), timeout=600, what="the training to end on both nodes")
+    shown = json.loads(run_orch("status", "duo", "--json", check=0).stdout)
     assert shown["run"]["state"] == "completed" and shown["run"]["epoch"] == 2, shown["run"]
 
     # World size 2, from rank 0's own log and from the run's record.

@@ -115,11 +115,19 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
     class Scarce(LocalProvider):
         name = "scarce"
 
+        made: list = []
+
         def create(self, request, label, public_key):
             if request.node_rank == 1:
-                time.sleep(1)  # node 0 is on its way meanwhile
+                from orchestrator.provider import Status
+                from tests.clouds import wait_for
+
+                wait_for(lambda: self.made and self.get(self.made[0]).status == Status.RUNNING, timeout=30,
+                         what="node 0's machine to run")  # node 0 is up meanwhile
                 raise NoCapacity("no capacity for a second machine")
-            return super().create(request, label, public_key)
+            remote = super().create(request, label, public_key)
+            self.made.append(remote.provider_id)
+            return remote
 
     class Plugin:
         @hookimpl
@@ -249,17 +257,29 @@ def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(o
     pid = run_orch("ssh", "team", "--node", "1", "--", "setsid python3 -c 'import time; time.sleep(900)' train_entry.py "
                    "> /dev/null 2>&1 < /dev/null & echo $!", check=0).stdout.strip()
     assert pid.isdigit()
-    time.sleep(1)
+    from tests.clouds import wait_for
+
+    def cmdline() -> bytes:  # node 1 is a process tree on this machine: its pid is ours to read
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    wait_for(lambda: b"train_entry.py" in cmdline(), timeout=30, what=f"pid {pid} to run train_entry.py")
 
     def reap() -> dict:
         return {o["name"]: o for o in json.loads(run_orch("reap", "--json", check=0).stdout)}
 
     first = reap()
+    busy_seen = time.monotonic()  # the pass recorded node 1 busy: the group's idle clock starts over
     assert first["team-0"]["action"] == "keep" and "group team is busy" in first["team-0"]["reason"], first
     assert first["team-1"]["action"] == "keep" and "busy" in first["team-1"]["reason"], first
 
     run_orch("ssh", "team", "--node", "1", "--", f"kill {pid}", check=0)  # this one process, by its id
-    time.sleep(1)
+    wait_for(lambda: b"train_entry.py" not in cmdline(), timeout=30, what=f"pid {pid} to end")
+    # clock: the idle rule's 0.01 min (0.6 s of wall time) counts from the pass that saw node 1 busy
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - busy_seen)))
     second = reap()
     assert second["team-0"]["action"] == second["team-1"]["action"] == "stop", json.dumps(second)
     assert second["team-0"]["acted"] and second["team-1"]["acted"]

@@ -250,7 +250,7 @@ def test_reap_destroys_an_idle_instance_it_cannot_stop(lam, monkeypatch):
     orch = open_orch()
     inst = arrange_gpu(orch, "idle")
     orch.ledger.update(inst.id, policy=policies.Policy(idle_minutes=0.01).to_json())
-    time.sleep(1.5)
+    time.sleep(1.5)  # clock: the idle rule's 0.01 min (0.6 s of wall time since ready) must have run out
     out = {o.name: o for o in reaper.reap(open_orch())}["idle"]
     assert out.state == states.DESTROYED, out
     assert "stop is not supported by lambda" in " ".join(e.reason for e in orch.ledger.events(inst.id))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.clouds import arrange, open_orch
+from tests.clouds import arrange, open_orch, wait_for
 from tests.conftest import ROOT, run_orch
 from tests.fakes.webhook import SECRET, Hook
 
@@ -42,7 +42,7 @@ def reap_until(predicate, timeout=90) -> list:
         procs.append(run_orch("reap", check=0))
         if predicate():
             return procs
-        time.sleep(2)
+        time.sleep(2)  # pacing: the watchdog acts on its own clock; a pass is two orch processes on 2 cores
     raise AssertionError(f"not seen in {timeout} s: {[p.stdout for p in procs[-2:]]}")
 
 
@@ -68,7 +68,7 @@ def test_an_instance_destroyed_by_its_watchdog_is_posted_once_without_the_url_an
     up = run_orch("up", "box1", "--cpu", "--idle-minutes", "0.02", "--on-idle", "destroy", check=0)
     assert hook.posts == []  # coming up is no news
     procs = reap_until(lambda: json.loads(run_orch("status", "--json", check=0).stdout) == [])
-    time.sleep(1)
+    wait_for(lambda: hook.posts, timeout=10, what="the webhook's post")  # orch waits for its posts at exit
     for post in hook.posts:
         assert post["path"] == f"/services/{SECRET}" and post["type"] == "application/json"
         assert set(post["body"]) == {"text"}
@@ -96,7 +96,7 @@ def test_an_instance_gone_from_its_provider_is_posted_as_lost(orch_home, hook):
     local.kill_instance(folder, folder.name.split("-")[1], timeout=5)  # someone else deleted it
     shutil.rmtree(folder)
     proc = run_orch("reconcile", check=0)
-    time.sleep(1)
+    wait_for(lambda: hook.posts, timeout=10, what="the webhook's post")
     [text] = hook.texts()
     assert text.startswith("orch: box1 on local") and "is lost" in text, text
     secret_nowhere(orch_home, proc)
@@ -106,9 +106,9 @@ def test_an_instance_destroyed_by_the_reaper_is_posted_as_such(orch_home, hook):
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["reaper"]\n')
     alone = {"ORCH_WATCHDOG": "off"}  # the reaper alone on duty: no watchdog on the instance to beat it
     ready("box1", watchdog_on=False, idle_minutes=0.02, on_idle="destroy")
-    time.sleep(2)
+    time.sleep(2)  # clock: the idle rule's 0.02 min (1.2 s of wall time since ready) must have run out
     reap = run_orch("reap", env=alone, check=0)
-    time.sleep(1)
+    wait_for(lambda: hook.posts, timeout=10, what="the webhook's post")
     [text] = hook.texts()
     assert text.startswith("orch: box1 on local was destroyed by the reaper"), text
     secret_nowhere(orch_home, reap)
@@ -140,7 +140,7 @@ def test_a_spot_instance_outbid_is_posted_as_preempted(orch_home, tmp_path, monk
         fake.outbid(inst.provider_id)
         status = run_orch("status", "spot1", "--json", env=env, check=0)
         assert json.loads(status.stdout)["state"] == "preempted"
-        time.sleep(1)
+        wait_for(lambda: hook.posts, timeout=10, what="the webhook's post")
         [text] = hook.texts()
         assert text.startswith("orch: spot1 on vastai ($") and "was preempted" in text, text
         secret_nowhere(orch_home, status)
@@ -152,7 +152,7 @@ def test_events_not_asked_for_are_not_posted(orch_home, hook):
     write_config(orch_home, f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["preempted", "job"]\n')
     ready("box1", idle_minutes=0.02, on_idle="destroy")
     reap_until(lambda: json.loads(run_orch("status", "--json", check=0).stdout) == [])
-    time.sleep(1)
+    # No wait: only orch posts (the instance never has the URL), and each orch waited for its posts at exit.
     assert hook.posts == []
 
 

@@ -179,7 +179,7 @@ def test_cache_expires(fakes, orch_home):
     search(providers=["runpod"])
     search(providers=["runpod"])
     assert len(runpod.queries) == 1
-    time.sleep(1.1)
+    time.sleep(1.1)  # clock: offers_cache_seconds = 1 must pass for the cached answer to expire
     search(providers=["runpod"])
     assert len(runpod.queries) == 2
 

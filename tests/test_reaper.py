@@ -222,7 +222,7 @@ def no_watchdog(monkeypatch):
 def test_dry_run_protected_then_idle_instance_is_stopped(orch_home, no_watchdog):
     arrange_with_policy("idle1", idle_minutes=0.01)
     root = live_root(orch_home, "idle1")
-    time.sleep(1)
+    time.sleep(1)  # clock: the idle rule's 0.01 min (0.6 s of wall time since ready) must have run out
     before = events("idle1")
     dry = reap_json("--dry-run")["idle1"]
     assert dry["action"] == "stop" and not dry["acted"] and "no training ran" in dry["reason"]
@@ -261,7 +261,11 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
     work = str(status_json.parent.parent.parent)
     wait_for(lambda: not watchdog.training(watchdog.processes(), work, scope=iid), timeout=30,
              what="the training process to exit")
-    time.sleep(3.5)
+    from orchestrator.training import parse_time
+
+    # clock: the idle rule's 0.05 min (3 s of wall time) counts from the run's end, status.json's updated_at
+    ended = parse_time(json.loads(status_json.read_text())["updated_at"])
+    time.sleep(max(0.0, 3.5 - (datetime.now(timezone.utc) - ended).total_seconds()))
     got = reap_json()["fin"]
     assert got["action"] == "stop" and got["acted"] and "training completed" in got["reason"], got["reason"]
     assert (orch_home / "runs" / "fin" / "weights" / "best.pt").stat().st_size > 0

@@ -328,7 +328,7 @@ state = ckpt / "step"
 done = int(state.read_text()) if state.exists() else 0
 print(f"starting after step {done}", flush=True)
 for step in range(done + 1, int(sys.argv[1]) + 1):
-    time.sleep(1)
+    time.sleep(1)  # the workload's own pace (a step a second), not the test's synchronization
     with open(ckpt / "steps.txt", "a") as f:
         f.write(f"{step}\\n")
     (ckpt / ".step").write_text(str(step))
@@ -387,7 +387,7 @@ def test_a_lost_pod_is_relaunched_by_the_reaper_and_the_command_resumes_from_its
         run_orch("reap", env=env, check=0)
         if again is None and len(job_json("steps", env)["attempts"]) == 2:
             again = time.monotonic() - lost_at
-        time.sleep(1)
+        time.sleep(1)  # pacing: the command takes a step a second (STEPS_PY); a pass is three orch processes
     assert job["state"] == "completed", job["history"][-5:]
     assert [a["state"] for a in job["attempts"]] == ["lost", "completed"], job["attempts"]
     assert "restored" in (job["attempts"][1]["resumed_from"] or ""), job["attempts"][1]

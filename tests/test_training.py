@@ -121,7 +121,10 @@ def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, d
     run_orch("up", "tr2", "--data", ds, "--epochs", "40", *TRAIN, check=0)
     first = wait_run("tr2", lambda r: (r.get("epoch") or 0) >= 1 and r["state"] == "running")["run"]
     kill_between_checkpoints(first["pid"], Path(first["run_dir"]) / "weights" / "last.pt")
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # the instance is processes on this machine: its pid is ours to check
+    while Path(f"/proc/{first['pid']}").exists():
+        assert time.monotonic() < deadline, f"the killed training (pid {first['pid']}) never went away"
+        time.sleep(0.1)
     crashed = status("tr2")["run"]
     assert crashed["state"] == "crashed", "status.json still says running; the dead pid says otherwise"
     assert (orch_home / "runs" / "tr2" / "status.json").exists(), "status pulls the milestones it finds"
