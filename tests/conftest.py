@@ -27,6 +27,12 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Bytecode caches are kept (in __pycache__, ignored by git) even where the environment says not
+    # to (PYTHONDONTWRITEBYTECODE=1, as on this project's machines): without them each pytest process
+    # rewrote the asserts of every test module it collected (4 s of CPU per worker), and each Python
+    # process the suite starts compiled what it imports from source.
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def _weight(item) -> int:

@@ -463,6 +463,16 @@ def test_import_does_not_load_the_sdk():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
+def test_the_sdk_leaves_logging_as_it_found_it():
+    """Importing runpod configures the root logger at INFO (its rp_upload.py calls basicConfig): an
+    orch that talks to RunPod, then opens a new ledger, printed Alembic's migration steps around its
+    one-line answers. orch's import of the SDK leaves no handler and no level behind."""
+    code = ("import logging; from providers.runpod.api import _sdk; _sdk(); "
+            "logging.getLogger('alembic.runtime.migration').info('Running upgrade  -> 0001')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
 def test_queries_are_valid_graphql(provider, fake_runpod, key):
     """Every query sent parses, and a label with quotes arrives as it was: nothing slipped through unescaped."""
     label = _label('a "b" \\ c')

@@ -113,20 +113,32 @@ def _sdk():
     only the GraphQL client and never reads that CPU brand (it labels serverless debug logs), so
     the probe answers with ``platform.machine()`` while the package imports, and the real py-cpuinfo stays
     importable afterwards."""
+    import logging
     import sys
 
-    if "runpod" in sys.modules or "cpuinfo" in sys.modules:
+    if "runpod" in sys.modules:
         import runpod
 
         return runpod
-    import platform
-    import types
+    # runpod/serverless/utils/rp_upload.py also calls logging.basicConfig(level=INFO) at import: from
+    # then on every library's INFO records (Alembic's migration steps, say) were printed on orch's
+    # stderr, around the one line an error gets. orch configures no logging, so the root logger is
+    # put back as it was.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    shim = None
+    if "cpuinfo" not in sys.modules:
+        import platform
+        import types
 
-    shim = types.ModuleType("cpuinfo")
-    shim.get_cpu_info = lambda: {"brand_raw": platform.machine()}  # os.uname: no subprocess
-    sys.modules["cpuinfo"] = shim
+        shim = types.ModuleType("cpuinfo")
+        shim.get_cpu_info = lambda: {"brand_raw": platform.machine()}  # os.uname: no subprocess
+        sys.modules["cpuinfo"] = shim
     try:
         import runpod
     finally:
-        del sys.modules["cpuinfo"]
+        if shim is not None:
+            del sys.modules["cpuinfo"]
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return runpod
