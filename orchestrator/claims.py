@@ -110,6 +110,21 @@ class _AdvisoryLock:
                 self.conn.close()
                 self.conn = None
 
+    def taken(self) -> bool:
+        """Whether another session holds it, changing nothing: read from ``pg_locks``, where a bigint
+        advisory key shows its high half in ``classid``, its low half in ``objid`` and ``objsubid``
+        1 (PostgreSQL's documentation, "pg_locks"). Trying the lock and letting it go, as a look
+        did, held it for a round trip: an ``orch down`` arriving then was refused as busy."""
+        from sqlalchemy import text
+
+        key = self.id & 0xFFFFFFFFFFFFFFFF
+        with self.engine.connect() as conn:
+            return bool(conn.execute(text(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+                "AND classid = :hi AND objid = :lo AND pid <> pg_backend_pid() "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"),
+                {"hi": key >> 32, "lo": key & 0xFFFFFFFF}).scalar())
+
     def holder(self) -> str:
         return ""
 
@@ -122,6 +137,9 @@ class _NoLock:
 
     def release(self) -> None:
         pass
+
+    def taken(self) -> bool:
+        return False
 
     def holder(self) -> str:
         return ""
@@ -158,13 +176,18 @@ def try_hold(ledger, name: str) -> Iterator[bool]:
         lock.release()
 
 
+# A look at a file claim (``busy``) holds its flock for the microseconds between two system calls:
+# a claimant that meets one tries again for this long before it says busy.
+LOOK_GRACE_S = 1.0
+
+
 @contextmanager
 def hold(ledger, name: str, wait: float = 0.0) -> Iterator[None]:
-    """Hold the claim on ``name``, waiting up to ``wait`` seconds for another process to let go of
-    it; ``Busy`` when it does not."""
+    """Hold the claim on ``name``, waiting up to ``wait`` seconds (``LOOK_GRACE_S`` at least) for
+    another process to let go of it; ``Busy`` when it does not."""
     import time
 
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + max(wait, LOOK_GRACE_S)
     while True:
         with try_hold(ledger, name) as got:
             if got:
@@ -180,11 +203,7 @@ def busy(ledger, name: str) -> bool:
     """Whether another process holds the claim on ``name`` right now."""
     if (ledger.url, _key(name)) in _held:
         return False
-    lock = _lock(ledger, _key(name))
-    if isinstance(lock, _FileLock):
-        return lock.taken()
-    with try_hold(ledger, name) as got:
-        return not got
+    return _lock(ledger, _key(name)).taken()
 
 
 def exclusive(method):

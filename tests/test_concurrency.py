@@ -261,3 +261,41 @@ def test_status_and_reconcile_on_postgresql(pg_url, orch_home):
     assert not (orch_home / "ledger.db").exists(), "the SQLite ledger was used instead"
     run_orch("down", "pgstray", check=0)
     assert local_billing(orch_home) == set()
+
+
+def test_a_look_at_a_claim_never_makes_its_claimant_busy(backend, orch_home):
+    """``claims.busy`` (every reaper pass, every ``orch status`` sync asks it of each instance) sees
+    another process's claim, and changes nothing: it once tried the claim and let it go, and an
+    ``orch down`` arriving in between was refused as busy (seen on PostgreSQL, where that took a
+    round trip). One process looks as fast as it can while this one claims again and again."""
+    import subprocess
+    import sys
+
+    from orchestrator import claims
+    from tests.conftest import ROOT
+
+    ledger = open_orch().ledger
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from orchestrator import claims; from orchestrator.lifecycle import Orch\n"
+                               "with claims.hold(Orch.open().ledger, 'y'):\n    print('held', flush=True); sys.stdin.read()\n"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    assert claims.busy(ledger, "y"), "another process's claim is seen"
+    holder.stdin.close()
+    holder.wait(timeout=60)
+    wait_for(lambda: not claims.busy(ledger, "y"), what="the claim to go with its process")
+
+    looker = subprocess.Popen(
+        [sys.executable, "-c", "import time; from orchestrator import claims; from orchestrator.lifecycle import Orch\n"
+                               "led = Orch.open().ledger; n = 0; print('looking', flush=True)\n"
+                               "end = time.monotonic() + 4\n"
+                               "while time.monotonic() < end:\n    claims.busy(led, 'x'); n += 1\n"
+                               "print(n, flush=True)\n"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert looker.stdout.readline().strip() == "looking"
+    held = 0
+    while looker.poll() is None:
+        with claims.hold(ledger, "x"):  # Busy, were a look ever to take the claim from under it
+            held += 1
+    looks = int(looker.stdout.read().split()[-1])
+    assert looker.returncode == 0 and looks > 50 and held > 50, (looks, held)
