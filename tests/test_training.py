@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import dataset
+from tests.clouds import wait_for
 from tests.conftest import needs_torch, on_instance, run_orch
 
 pytestmark = [needs_torch, pytest.mark.training]
@@ -121,10 +122,9 @@ def test_killed_run_shows_crashed_and_resume_continues_from_last_pt(orch_home, d
     run_orch("up", "tr2", "--data", ds, "--epochs", "40", *TRAIN, check=0)
     first = wait_run("tr2", lambda r: (r.get("epoch") or 0) >= 1 and r["state"] == "running")["run"]
     kill_between_checkpoints(first["pid"], Path(first["run_dir"]) / "weights" / "last.pt")
-    deadline = time.monotonic() + 30  # the instance is processes on this machine: its pid is ours to check
-    while Path(f"/proc/{first['pid']}").exists():
-        assert time.monotonic() < deadline, f"the killed training (pid {first['pid']}) never went away"
-        time.sleep(0.1)
+    # The instance is processes on this machine: its pid is ours to check.
+    wait_for(lambda: not Path(f"/proc/{first['pid']}").exists(), timeout=30,
+             what=f"the killed training (pid {first['pid']}) to go away")
     crashed = status("tr2")["run"]
     assert crashed["state"] == "crashed", "status.json still says running; the dead pid says otherwise"
     assert (orch_home / "runs" / "tr2" / "status.json").exists(), "status pulls the milestones it finds"
