@@ -246,7 +246,7 @@ class Orch:
                 halted()
             self.say("[4/4] verifying: a 2000x2000 matmul on the device")
             proof = verify(c, gpu=not inst.cpu_only, facts=facts)
-        device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f})"
+        device = f"{proof['device']} (torch {facts['torch']}, matmul sum {proof['result']:.1f}{_proved(proof)})"
         verified = "started and verified on" if started else "verified on"
         inst = self.move(inst, states.READY, f"{verified} {proof['device']}", device=device[:255])
         if after_verify:
@@ -502,6 +502,17 @@ class Orch:
 
 class _NoGPU(OrchError):
     """The start was given up: the instance is stopped again, the ledger says so."""
+
+
+def _proved(proof: dict) -> str:
+    """When the proof answered was made earlier in the instance's boot (``verify_device.remembered``)."""
+    import math
+    from datetime import datetime, timezone
+
+    at = proof.get("proved_at")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at) or not 0 < at < 2**33:
+        return ""
+    return f", proved {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC this boot"
 
 
 def _fingerprint(line: str) -> str:

@@ -103,6 +103,49 @@ def test_provision_twice_installs_nothing_and_verify_runs_on_cpu(orch_home):
     orch.down(inst)
 
 
+def _probe(tmp, **env):
+    """probe.py as provisioning runs it, with its proofs kept under ``tmp``: (its answer, whether it imported torch)."""
+    import os
+
+    from playbooks.host import ON_INSTANCE
+
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ON_INSTANCE / "probe.py"), "cpu"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **env})
+    line = next(ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("ORCH_RESULT "))
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in done.stderr.splitlines() if ln.startswith("import time:")}
+    return json.loads(line.split(" ", 1)[1]), "torch" in imported
+
+
+@needs_torch
+def test_a_proof_holds_for_its_boot_and_is_made_anew_where_it_cannot_be_trusted(tmp_path):
+    """A provisioning again in the same boot, on the same Python and torch, answers with the proof
+    made then, and imports no torch; a stale proof, one in a folder another user could write, or
+    ORCH_FRESH_PROOF=1 is proved anew."""
+    import os
+    import time
+
+    first, imported = _probe(tmp_path)
+    assert imported and first["proof"]["ok"] and "proved_at" not in first["proof"]
+    again, imported = _probe(tmp_path)
+    assert not imported, "the second probe of the boot imported torch"
+    assert again["proof"]["result"] == first["proof"]["result"] and again["torch"] == first["torch"]
+    assert abs(again["proof"]["proved_at"] - time.time()) < 300 and again["libreyolo"] == first["libreyolo"]
+
+    fresh, imported = _probe(tmp_path, ORCH_FRESH_PROOF="1")
+    assert imported and "proved_at" not in fresh["proof"]
+
+    folder = tmp_path / f"orch-proof-{os.getuid()}"
+    (kept,) = folder.glob("*.json")
+    record = json.loads(kept.read_text())
+    kept.write_text(json.dumps({**record, "at": time.time() - 2 * 3600}))  # made two hours ago
+    stale, imported = _probe(tmp_path)
+    assert imported and "proved_at" not in stale["proof"]
+
+    folder.chmod(0o777)  # anyone could have planted it
+    planted, imported = _probe(tmp_path)
+    assert imported and "proved_at" not in planted["proof"]
+
+
 @needs_torch
 def test_gpu_verify_failure_destroys_what_it_created(orch_home):
     """A provider that claims a GPU the machine does not have: verify fails, nothing is left billing."""

@@ -2,6 +2,8 @@
 
 Standard library only at the top: torch may be missing or broken here. Where torch and LibreYOLO
 import, it proves the device too (``verify_device.prove``, its sibling): ``proof`` in the answer.
+A proof made earlier in this boot on the same footing (``verify_device.remembered``) is answered
+instead, without importing torch; its ``proved_at`` says when it was made.
 """
 import json
 import re
@@ -26,16 +28,23 @@ if smi:
     except (OSError, subprocess.TimeoutExpired):
         pass
 
-try:
-    import torch
+from verify_device import proof_key, remember, remembered, prove  # noqa: E402 (standard library only)
 
-    facts["torch"] = torch.__version__
-    facts["torch_cuda"] = torch.version.cuda
-    if want_gpu and torch.cuda.is_available():
-        # is_available() is True for a wheel built for another architecture: run a real kernel.
-        facts["cuda_ok"] = float((torch.ones(8, device="cuda") * 2).sum()) == 16.0
-except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
-    facts["error"] = f"{type(e).__name__}: {e}"
+key = proof_key(want_gpu, facts["gpus"], facts["driver_cuda"])
+earlier = remembered(key)
+if earlier:
+    facts.update({k: earlier["torch"].get(k) for k in ("torch", "torch_cuda", "cuda_ok")})
+else:
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        facts["torch_cuda"] = torch.version.cuda
+        if want_gpu and torch.cuda.is_available():
+            # is_available() is True for a wheel built for another architecture: run a real kernel.
+            facts["cuda_ok"] = float((torch.ones(8, device="cuda") * 2).sum()) == 16.0
+    except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
+        facts["error"] = f"{type(e).__name__}: {e}"
 try:
     # Its version only (what pip holds it at when LibreYOLO is installed), read from what pip
     # recorded: importing torchvision imports torch._dynamo, a second of CPU per provisioning.
@@ -49,7 +58,10 @@ try:
 except Exception as e:  # noqa: BLE001
     facts["libreyolo_error"] = f"{type(e).__name__}: {e}"[:300]
 if facts["torch"] and not facts["error"] and facts["libreyolo"]:
-    from verify_device import prove
-
-    facts["proof"] = prove(want_gpu)
+    if earlier:
+        facts["proof"] = {**earlier["proof"], "proved_at": earlier["at"]}
+    else:
+        facts["proof"] = prove(want_gpu)
+        if facts["cuda_ok"] or not want_gpu:
+            remember(key, {k: facts[k] for k in ("torch", "torch_cuda", "cuda_ok")}, facts["proof"])
 print("ORCH_RESULT " + json.dumps(facts))
