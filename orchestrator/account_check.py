@@ -60,7 +60,7 @@ def check(orch, provider_name: str, live: bool, deadline_minutes: float = DEADLI
     report = Report(provider_name, live)
     caps = provider.capabilities
     report.cannot = [what for what, can in (("stop", isinstance(provider, Stoppable)), ("spot", caps.spot),
-                                            ("CPU-only", caps.cpu_only), ("GPUs", caps.gpu),
+                                            ("CPU-only", caps.cpu_only), ("GPUs", caps.gpu), ("--image", caps.image),
                                             ("volumes", isinstance(provider, HasVolumes))) if not can]
     end = time.monotonic() + deadline_minutes * 60
 

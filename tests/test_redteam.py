@@ -318,9 +318,9 @@ def test_every_refused_name_or_text_option_creates_nothing(tmp_path, monkeypatch
                 if code == 2 and home.exists():
                     created.append((args, sorted(p.name for p in home.iterdir()), err.strip()[:120]))
     finally:
-        # An input that is not refused runs for real: `orch up x1 --image=../../x` rents a local
-        # instance (the local provider has no images) whose sshd and watchdog would outlive the
-        # test, in a home that the autouse ``orch_home`` fixture does not clean.
+        # An input that is not refused runs for real (an `orch up` rents a local instance) whose
+        # sshd and watchdog would outlive the test, in a home that the autouse ``orch_home``
+        # fixture does not clean.
         for home in tmp_path.glob("h*"):
             _cleanup_local(home)
     assert tried > 150 and created == [], created
@@ -331,6 +331,8 @@ def test_every_refused_name_or_text_option_creates_nothing(tmp_path, monkeypatch
     (("run", "j", "--cpu", "--offer", "../../x"), "--offer picks a GPU offer"),
     (("up", "b", "--cpu", "--spot"), "spot"),
     (("up", "b", "--cpu", "--offer", "../../x"), "--offer picks a GPU offer"),
+    (("up", "b", "--cpu", "--image", "ubuntu:22.04"), "--image is not supported by local"),
+    (("run", "j", "--cpu", "--image", "ubuntu:22.04"), "--image is not supported by local"),
 ])
 def test_what_the_renting_provider_cannot_do_is_refused_before_renting(orch_home, ds, args, says):
     proc = run_orch(*args, *(("--data", ds) if args[0] == "run" else ()))

@@ -113,6 +113,8 @@ class Provider(ABC):
             raise UsageError(f"{self.name} has no GPUs: use --cpu")
         if request.spot and not caps.spot:
             raise UsageError(f"spot instances are not supported by {self.name}")
+        if request.image is not None and not caps.image:
+            raise UsageError(f"--image is not supported by {self.name}: its instances run the system they are given")
         if request.cpu and request.offer and not self.cpu_offers:
             raise UsageError(f"--offer picks a GPU offer (`orch offers`): a --cpu instance on {self.name} takes none")
         if request.bid is not None and not request.spot:

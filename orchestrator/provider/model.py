@@ -95,6 +95,7 @@ class Capabilities:
     spot: bool = False
     cpu_only: bool = False
     gpu: bool = True
+    image: bool = True  # boots the image or container that --image names
 
 
 @dataclass(frozen=True)

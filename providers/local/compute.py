@@ -34,7 +34,8 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
     @cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
         # Built once: it is frozen, and a reaper pass asks for it once per instance.
-        return Capabilities(spot=False, cpu_only=True, gpu=bool(self.gpus))
+        # An instance is an sshd on this machine: it runs this machine's system, no image of anyone's.
+        return Capabilities(spot=False, cpu_only=True, gpu=bool(self.gpus), image=False)
 
     @cached_property
     def root(self) -> Path:
