@@ -30,10 +30,11 @@ if smi:
 
 from verify_device import proof_key, remember, remembered, prove  # noqa: E402 (standard library only)
 
+TORCH_FACTS = ("torch", "torch_cuda", "cuda_ok")  # what a proof kept for the boot holds of torch
 key = proof_key(want_gpu, facts["gpus"], facts["driver_cuda"])
 earlier = remembered(key)
 if earlier:
-    facts.update({k: earlier["torch"].get(k) for k in ("torch", "torch_cuda", "cuda_ok")})
+    facts.update({k: earlier["torch"].get(k) for k in TORCH_FACTS})
 else:
     try:
         import torch
@@ -63,5 +64,5 @@ if facts["torch"] and not facts["error"] and facts["libreyolo"]:
     else:
         facts["proof"] = prove(want_gpu)
         if facts["cuda_ok"] or not want_gpu:
-            remember(key, {k: facts[k] for k in ("torch", "torch_cuda", "cuda_ok")}, facts["proof"])
+            remember(key, {k: facts[k] for k in TORCH_FACTS}, facts["proof"])
 print("ORCH_RESULT " + json.dumps(facts))
