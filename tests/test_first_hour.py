@@ -3,6 +3,7 @@ refused before anything is made, what runs by default, and that nothing is left 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -196,6 +197,46 @@ def test_data_loading_workers_are_sized_to_the_cpus_of_the_instance():
     t = on_instance("train_entry")
     assert [t.loader_workers(16, 1, False), t.loader_workers(64, 8, False), t.loader_workers(2, 1, True),
             t.loader_workers(1, 1, True), t.loader_workers(4, 8, False)] == [8, 8, 1, 0, 0]
+
+
+# -- what a training imports ----------------------------------------------------------------------------
+@needs_torch
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers beside LibreYOLO")
+def test_a_yolo_training_does_not_import_rf_detr_and_transformers_that_it_never_uses():
+    """LibreYOLO's CLI imports RF-DETR and DINOv2, with transformers, to list its model names,
+    wherever transformers is installed (most Hugging Face images). train_entry builds that list
+    without them for a model that names neither: the names it trains by still resolve, and RF-DETR
+    still registers when something asks for it, as when a checkpoint holds one."""
+    import subprocess
+    import sys
+
+    from playbooks.host import ON_INSTANCE
+
+    code = """if True:
+        import json, sys
+        sys.path.insert(0, sys.argv[1])
+        import train_entry as t
+        import libreyolo.models as models
+        from libreyolo.cli.config import resolve_model_name
+        ensure = models.try_ensure_rfdetr
+        out = {"rfdetr_named": t.name_map_without_lazy_families("RFDETR-n"),
+               "dinov2_named": t.name_map_without_lazy_families("/runs/dinov2-s/last.pt"),
+               "yolo": t.name_map_without_lazy_families("yolo9-t"),
+               "again": t.name_map_without_lazy_families("yolox-s")}
+        out["imported"] = sorted(m for m in ("transformers", "libreyolo.models.rfdetr") if m in sys.modules)
+        out["resolved"] = [resolve_model_name("yolo9-t"), resolve_model_name("yolox-s")]
+        out["restored"] = models.try_ensure_rfdetr is ensure
+        out["rfdetr_on_demand"] = getattr(models.try_ensure_rfdetr(), "FAMILY", None)
+        print(json.dumps(out))
+    """
+    proc = subprocess.run([sys.executable, "-c", code, str(ON_INSTANCE)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["rfdetr_named"] and not out["dinov2_named"], "a model that may be RF-DETR or DINOv2 gets the full list"
+    assert out["yolo"] and not out["again"], "built once, without them; a second call changes nothing"
+    assert out["imported"] == [], "neither RF-DETR nor transformers was imported for the name list"
+    assert out["resolved"] == ["LibreYOLO9t.pt", "LibreYOLOXs.pt"]
+    assert out["restored"] and out["rfdetr_on_demand"] == "rfdetr", "RF-DETR still registers when asked for"
 
 
 # -- status --refresh ---------------------------------------------------------------------------------

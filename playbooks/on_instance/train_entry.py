@@ -12,6 +12,11 @@ import sys
 LIBREYOLO_WORKERS = 8  # LibreYOLO's default number of data-loading workers
 
 
+def argv_value(argv, key):
+    """The value of ``key=value`` in LibreYOLO's CLI arguments, None when absent."""
+    return next((a.split("=", 1)[1] for a in argv if a.startswith(f"{key}=")), None)
+
+
 def usable_cpus():
     """The CPUs this process may run on: its affinity, and under a cgroup v2 CPU quota (a container
     limited with --cpus, as pods are) that quota, rounded up. os.cpu_count() is the host's count."""
@@ -47,8 +52,8 @@ def with_workers(spec, cpus=None):
             kwargs["workers"] = loader_workers(cpus, len(device.split(",")), device == "cpu")
         return spec
     argv = spec["argv"]
-    if not any(a.startswith("workers=") for a in argv):
-        device = next((a.split("=", 1)[1] for a in argv if a.startswith("device=")), "")
+    if argv_value(argv, "workers") is None:
+        device = argv_value(argv, "device") or ""
         argv.append(f"workers={loader_workers(cpus, len(device.split(',')), device == 'cpu')}")
     return spec
 
@@ -56,10 +61,43 @@ def with_workers(spec, cpus=None):
 def workers_of(spec):
     if spec.get("mode") == "api":
         return spec["kwargs"]["workers"]
-    return next(a.split("=", 1)[1] for a in spec["argv"] if a.startswith("workers="))
+    return argv_value(spec["argv"], "workers")
+
+
+# The families LibreYOLO registers only once transformers is imported (models/__init__.py,
+# ``_ensure_rfdetr``): RF-DETR and DINOv2.
+LAZY_FAMILIES = ("rfdetr", "dinov2")
+
+
+def name_map_without_lazy_families(model) -> bool:
+    """Fill LibreYOLO's model-name map without importing RF-DETR and DINOv2, for a model that names
+    neither. The map (cli/config.py, ``_build_name_map``) imports both, with transformers and
+    torchvision's model zoo, wherever transformers is installed, as most Hugging Face images have it:
+    about 1.4 s of CPU before every training, which a YOLO run never uses. Only that one build goes
+    without them: loading a checkpoint still registers them when it holds one (``_ensure_rfdetr``),
+    so a resumed RF-DETR ``last.pt`` loads as before. False, and nothing changed, when the model may
+    be one of them or this LibreYOLO is not built the way this expects."""
+    if any(family in str(model).lower() for family in LAZY_FAMILIES):
+        return False
+    try:
+        import libreyolo.models as models
+        from libreyolo.cli import config
+    except ImportError:
+        return False
+    names, build, ensure = (getattr(config, "_CLI_NAME_TO_WEIGHTS", None), getattr(config, "_build_name_map", None),
+                            getattr(models, "try_ensure_rfdetr", None))
+    if not isinstance(names, dict) or names or build is None or ensure is None:
+        return False
+    models.try_ensure_rfdetr = lambda: None
+    try:
+        build()
+    finally:
+        models.try_ensure_rfdetr = ensure
+    return True
 
 
 def cli(argv):
+    name_map_without_lazy_families(argv_value(argv, "model"))
     from libreyolo.cli import entrypoint
 
     sys.argv = ["libreyolo", "train", *argv]
@@ -70,6 +108,7 @@ def build(kwargs):
     """The model to train. ``pretrained=false`` builds random weights with no download, the way
     LibreYOLO's CLI does, so an offline instance can train from scratch through the API too."""
     model = kwargs.pop("model")
+    name_map_without_lazy_families(model)
     if kwargs.get("pretrained") is False and not kwargs.get("resume"):
         from libreyolo.cli.commands.train import _create_explicit_task_train_model
         from libreyolo.cli.config import detect_family_from_model_ref, resolve_model_name
