@@ -35,7 +35,7 @@ TEMPLATES = Path(__file__).with_name("export_templates")
 ON_INSTANCE = Path(__file__).resolve().parent.parent / "playbooks" / "on_instance"
 # What orch itself runs on an instance, copied into the file: (module, top-level names).
 EMBEDDED = (
-    ("train_entry.py", ("build",)),
+    ("train_entry.py", ("LAZY_FAMILIES", "name_map_without_lazy_families", "build")),
     ("hub_push.py", ("OrchHubPush",)),
     ("extract.py", ("orch_extract", "point")),
     ("checkpoint.py", ("_DTYPES", "_STORAGES", "_QSCHEMES", "ALLOWED", "_REAL", "MAX_PICKLE", "_STRINGS", "_GETS",
