@@ -127,7 +127,8 @@ def test_ctrl_c_during_a_groups_bring_up_leaves_no_process_and_no_live_row(orch_
     proc = orch_proc("up", "g", "--provider", "local", "--cpu", "--nodes", "2")
     try:
         wait_for(lambda: len([i for i in open_orch().ledger.instances() if i.state == "provisioning"]) == 2
-                 if (orch_home / "ledger.db").exists() else False, 120, "both nodes created")
+                 if (orch_home / "ledger.db").exists() else False, 120, "both nodes created",
+                 every=0.1)  # provisioning lasts about a second here
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

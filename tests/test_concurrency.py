@@ -56,7 +56,8 @@ def race(first_verb, name, ledger, middle_state, *others):
     """``orch FIRST_VERB NAME``, then each of ``others`` at once while the first is under way:
     [(exit code, output)] of the first, then of the others."""
     first = orch_proc(first_verb, name, env=NO_WATCHDOG)
-    wait_for(lambda: ledger.by_name(name, live_only=False).state == middle_state, what=f"{name} {middle_state}")
+    wait_for(lambda: ledger.by_name(name, live_only=False).state == middle_state, what=f"{name} {middle_state}",
+             every=0.1)  # while the first command is under way
     rest = [orch_proc(verb, name, env=NO_WATCHDOG) for verb in others]
     outcomes = []
     for p in (first, *rest):
@@ -83,7 +84,8 @@ def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_ho
         # on a loaded machine, for the meddler below to start while it waits).
         fake.runtime_delay = 10**6
         ups["slow"] = orch_proc("up", "slow", "--provider", "runpod", "--cpu", "--ssh-timeout", "0.5", env=env)
-        wait_for(lambda: (i := ledger.by_name("slow")) and i.state == states.PROVISIONING, what="slow provisioning")
+        wait_for(lambda: (i := ledger.by_name("slow")) and i.state == states.PROVISIONING, what="slow provisioning",
+                 every=0.1)
         meddler = run_orch("down", "slow", env=env)  # someone, or a reaper, destroying it meanwhile
         assert meddler.returncode == 1 and "busy: another orch process" in meddler.stderr, meddler.stderr
         results = finish(ups)

@@ -280,7 +280,7 @@ def test_an_instance_that_dies_while_provisioning_is_destroyed_and_leaves_nothin
             break
     root = next(iter((orch_home / "local").iterdir()))
     iid = root.name.split("-")[1]
-    wait_for(lambda: sshd.instance_pids(iid), timeout=60,
+    wait_for(lambda: sshd.instance_pids(iid), timeout=60, every=0.1,  # its commands come and go
              what="a command of the provisioning playbook running on the instance")  # well into it
     sshd.kill_instance(root, iid)  # the machine dies: sshd and every session with it
     _, rest = proc.communicate(timeout=120)

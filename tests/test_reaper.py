@@ -41,16 +41,6 @@ def pol(**kw):
     return policies.Policy(**kw)
 
 
-def wait_for(pred, timeout=30.0, step=0.2, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 # -- decisions, pure --------------------------------------------------------------------------------
 def test_break_even_is_the_seeds_arithmetic():
     be = rules.break_even_hours(1.00, stopped_rate(250, 0.20))
@@ -255,7 +245,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
              "--train-arg", "workers=0", "--idle-minutes", "0.05", check=0)
     status_json = live_root(orch_home, "fin") / "home" / "orch" / "runs" / "r1" / "status.json"
     wait_for(lambda: status_json.exists() and json.loads(status_json.read_text())["state"] == "completed",
-             timeout=180, step=1, what="the training to complete")
+             timeout=180, every=1, what="the training to complete")
     ledger = reaper_orch().ledger
     iid = ledger.by_name("fin").id
     work = str(status_json.parent.parent.parent)
@@ -474,7 +464,7 @@ def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
 
 
 # -- the watchdog on the clouds' fakes: it stops its own instance through the provider's API -----------
-from tests.clouds import arrange, open_orch, runpod, vast  # noqa: E402,F401  (fixtures)
+from tests.clouds import arrange, open_orch, runpod, vast, wait_for  # noqa: E402,F401  (fixtures)
 
 
 @pytest.mark.parametrize("cloud", ["runpod", "vast"])
