@@ -163,7 +163,10 @@ def instance_pids(instance_id: str) -> list[int]:
     me = os.getpid()
     pids = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != me and needle in _environ(int(entry)).split(b"\0"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        env = _environ(int(entry))
+        if needle in env and needle in env.split(b"\0"):  # the split (a whole entry) only where it may match
             pids.append(int(entry))
     return pids
 
