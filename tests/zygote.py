@@ -31,52 +31,41 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# What orch commands import (measured with -X importtime, and by listing what the forked commands
-# still imported themselves): orch's own modules, the libraries they import at the top, and the
-# provider SDKs with their HTTP stacks. An SDK is preloaded only where nothing it reads at import
+# What orch commands import besides orch's own modules (``own_modules``), measured with -X importtime
+# and by listing what the forked commands still imported themselves: the libraries orch imports at
+# the top, and the provider SDKs with their HTTP stacks. An SDK is preloaded only where nothing it reads at import
 # matters to orch: runpod reads its GraphQL URL and the API key orch passes it at each call
 # (runpod/api/graphql.py), vastai its key at each call (vastai/_base.py), boto3 its settings when a
 # session is made. runpod is imported through orch's own ``_sdk`` (no CPU probe subprocess).
-PRELOAD = ("orchestrator.cli.main", "orchestrator.cli.app", "orchestrator.cli.instances", "orchestrator.cli.jobs",
-           "orchestrator.cli.exec", "orchestrator.cli.schedule", "orchestrator.cli.offers", "orchestrator.cli.reaper",
-           "orchestrator.cli.reconcile", "orchestrator.cli.check", "orchestrator.cli.data", "orchestrator.cli.export",
-           "orchestrator.cli.db", "orchestrator.cli.sshconfig", "orchestrator.cli.volume",
-           "orchestrator.ledger", "orchestrator.lifecycle", "orchestrator.groups", "orchestrator.reaper",
-           "orchestrator.views.jobs", "orchestrator.views.instances", "orchestrator.jobs.engine", "orchestrator.duty",
-           "orchestrator.remote", "orchestrator.plugins", "providers.local", "playbooks.provision", "playbooks.train",
-           "playbooks.pull", "playbooks.command", "migrations", "fabric", "paramiko", "invoke", "typer", "rich.console",
-           "yaml", "sqlmodel", "sqlalchemy.orm", "alembic.command", "pydantic", "tenacity", "pluggy",
-           "typer.main", "typer.core", "typer.rich_utils", "requests", "urllib3", "http.client", "http.server",
-           "email.message", "encodings.idna", "concurrent.futures", "providers.runpod.api:_sdk", "vastai", "boto3",
-           "aiohttp", "psutil", "dateutil.parser", "packaging.version", "tomlkit", "tqdm", "alembic.runtime.migration")
+PRELOAD = ("migrations", "fabric", "paramiko", "invoke", "typer", "rich.console", "yaml", "sqlmodel", "sqlalchemy.orm",
+           "sqlalchemy.dialects.sqlite", "sqlalchemy.dialects.postgresql", "alembic.command",
+           "alembic.runtime.migration", "pydantic", "tenacity", "pluggy", "typer.main", "typer.core", "typer.rich_utils",
+           "requests", "urllib3", "http.client", "http.server", "email.message", "encodings.idna",
+           "concurrent.futures", "providers.runpod.api:_sdk", "vastai", "boto3", "aiohttp", "psutil", "dateutil.parser",
+           "packaging.version", "tomlkit", "tqdm")
 
 
 # -- the server -----------------------------------------------------------------------------------
 
 
-# orch's own packages are preloaded whole: a command that reaches the providers' plugins imports
-# every provider (the entry points load them all) and what each one's modules import, 20-40 ms of
-# CPU per command otherwise. None of orch's modules reads the environment when imported.
+# orch's own packages are preloaded whole: a command that reaches the providers' plugins imported
+# every provider (the entry points load them all) and each one's modules itself, 10-20 ms of CPU per
+# command. None of orch's modules reads the environment when imported. Not the CLI's __main__ (it
+# would run), nor the scripts an instance runs (playbooks/on_instance: orch uploads them).
 OWN = ("orchestrator", "providers", "playbooks")
-NOT_PRELOADED = ("__main__", "playbooks.on_instance")  # the CLI itself; the scripts the instance runs
 
 
 def own_modules() -> list[str]:
     import pkgutil
 
-    names = []
-    for package in OWN:
-        path = [str(ROOT / package)]
-        for info in pkgutil.walk_packages(path, prefix=f"{package}."):
-            if not any(info.name.endswith(f".{skip}") or info.name.startswith(skip) for skip in NOT_PRELOADED):
-                names.append(info.name)
-    return names
+    return [info.name for package in OWN for info in pkgutil.walk_packages([str(ROOT / package)], f"{package}.")
+            if not info.name.endswith(".__main__") and not info.name.startswith("playbooks.on_instance")]
 
 
 def serve(path: str) -> None:
     import importlib
 
-    for name in (*PRELOAD, *own_modules(), "sqlalchemy.dialects.sqlite", "sqlalchemy.dialects.postgresql"):
+    for name in (*PRELOAD, *own_modules()):
         module, _, call = name.partition(":")
         try:
             loaded = importlib.import_module(module)
