@@ -190,7 +190,7 @@ def costs(ledger, since: datetime | None = None) -> list[dict]:
             if row.state == states.VOLUME_FAILED:
                 continue
             out.append({"name": row.name, "provider": row.provider, "state": row.state, "size_gb": row.size_gb,
-                        "price_gb_month": row.price_gb_month, "usd_month": per_month(row), "hours": round(hours, 4),
+                        "price_gb_month": row.price_gb_month, "usd_month": per_month(row), "hours": hours,
                         "usd": usd, "created_at": _iso(row.created_at), "deleted_at": _iso(row.deleted_at)})
     return out
 

@@ -253,6 +253,7 @@ def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(o
     orch_home.mkdir(parents=True)
     (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 3.6\n")  # 0.001 $/s
     run_orch("up", "team", "--nodes", "2", "--cpu", "--idle-minutes", "0.01", check=0)
+    up_done = time.monotonic()  # node 0 is idle from here on at the latest
     # A training on node 1 (a process that runs train_entry.py, as the watchdog's probe counts one).
     pid = run_orch("ssh", "team", "--node", "1", "--", "setsid python3 -c 'import time; time.sleep(900)' train_entry.py "
                    "> /dev/null 2>&1 < /dev/null & echo $!", check=0).stdout.strip()
@@ -271,6 +272,9 @@ def test_the_reaper_sees_a_group_as_one_and_cost_shows_its_total_and_each_node(o
     def reap() -> dict:
         return {o["name"]: o for o in json.loads(run_orch("reap", "--json", check=0).stdout)}
 
+    # The rule's 0.01 min (0.6 s) spent on node 0 before the first pass, so that only node 1's
+    # training keeps it: on a quick machine the pass came sooner and kept node 0 for its own sake.
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - up_done)))
     first = reap()
     busy_seen = time.monotonic()  # the pass recorded node 1 busy: the group's idle clock starts over
     assert first["team-0"]["action"] == "keep" and "group team is busy" in first["team-0"]["reason"], first
