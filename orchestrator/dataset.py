@@ -270,7 +270,10 @@ def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:
         return
     import time
 
-    cmd = [sys.executable, "-c", "import sys; from libreyolo.cli import entrypoint; sys.exit(entrypoint())"]
+    # The collector tuned as train_entry.py tunes it (fewer young passes; torch's and torchvision's
+    # objects frozen once imported): 3.5 -> 2.5 CPU-s for the doctor of a 12-image dataset.
+    cmd = [sys.executable, "-c", "import gc, sys; gc.set_threshold(10_000, 10, 10); import torch, torchvision; "
+           "gc.freeze(); from libreyolo.cli import entrypoint; sys.exit(entrypoint())"]
     cmd += ["doctor", str(yaml_path), "--json", "--quiet"]
     if imgsz:
         cmd += ["--imgsz", str(imgsz)]

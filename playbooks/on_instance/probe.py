@@ -37,6 +37,9 @@ if earlier:
     facts.update({k: earlier["torch"].get(k) for k in TORCH_FACTS})
 else:
     try:
+        import gc
+
+        gc.set_threshold(10_000, 10, 10)  # importing torch makes millions of objects: fewer passes (train_entry.py)
         import torch
 
         facts["torch"] = torch.__version__
