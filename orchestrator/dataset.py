@@ -246,20 +246,34 @@ def doctor(info: DatasetInfo, imgsz: int | None, digest: str, verdicts: Path, sa
     """``libreyolo doctor`` on a dataset that packed to ``digest``, once per content: a pass is
     remembered in ``verdicts`` under the digest, the training size and LibreYOLO's version, and the
     same bytes are not checked again (it loads torch and decodes every image: seconds to minutes,
-    on every ``orch run`` of an unchanged dataset). A failure is never remembered."""
+    on every ``orch run`` of an unchanged dataset). A failure is never remembered.
+
+    One doctor per content at a time: an orch that finds another checking the same bytes (the jobs
+    of a sweep, started together) waits for that one's verdict instead of loading torch beside it."""
     if importlib.util.find_spec("libreyolo") is None:
         return
+    import fcntl
     from importlib.metadata import version
 
     mark = verdicts / f"{digest}-imgsz{imgsz or 0}-libreyolo{version('libreyolo')}.passed"
     if mark.is_file():
         say(f"      data: libreyolo doctor passed these same bytes before ({digest[:16]}): not run again")
         return
-    _doctor(info.yaml_path, imgsz, sum(info.n_images.values()), say)
     verdicts.mkdir(parents=True, exist_ok=True)
-    tmp = mark.with_name(f".{mark.name}.{os.getpid()}")
-    tmp.write_text(f"{info.yaml_path}\n")
-    os.replace(tmp, mark)
+    with open(mark.with_name(f".{mark.name}.lock"), "w") as lock:  # the lock goes when the file closes
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"      data: another orch is running libreyolo doctor on these same bytes ({digest[:16]}): "
+                "waiting for its verdict")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if mark.is_file():
+                say(f"      data: libreyolo doctor passed these same bytes ({digest[:16]}): not run again")
+                return
+        _doctor(info.yaml_path, imgsz, sum(info.n_images.values()), say)
+        tmp = mark.with_name(f".{mark.name}.{os.getpid()}")
+        tmp.write_text(f"{info.yaml_path}\n")
+        os.replace(tmp, mark)
 
 
 def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:

@@ -165,14 +165,31 @@ def test_the_doctor_checks_a_datasets_bytes_once_and_never_remembers_a_failure(d
     home = tmp_path / "orch"
 
     def prepare() -> list[str]:
-        said = []
+        said: list[str] = []
         training.prepare(training.TrainSpec(data=str(ds), imgsz=64), home, said.append)
         return [m for m in said if "doctor" in m]
 
-    first = prepare()
-    assert any("libreyolo doctor checks 12 images" in m for m in first), first
+    # Two at once on the same bytes (the jobs of a sweep, started together): one doctor runs, the
+    # other waits for its verdict. Threads, each with its own lock file: as two orch processes.
+    import threading
+
+    from orchestrator import config
+
+    info = dataset.validate(ds, doctor=False)
+    whole = hashlib.sha256(dataset.pack(info, tmp_path / "packed.tar").read_bytes()).hexdigest()
+    said: list[list[str]] = [[], []]
+    both = [threading.Thread(target=dataset.doctor, args=(info, 64, whole, config.cache_home() / "doctor", s.append))
+            for s in said]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join(timeout=600)
+    ran = [s for s in said if any("libreyolo doctor checks 12 images" in m for m in s)]
+    assert len(ran) == 1, said
+    waited = next(s for s in said if s is not ran[0])
+    assert any("not run again" in m for m in waited), waited
     assert len(list((tmp_path / "xdg" / "orch" / "doctor").glob("*.passed"))) == 1
-    again = prepare()
+    again = prepare()  # `orch run`'s own packing: the same digest
     assert again and all("not run again" in m for m in again), again
     tars = set((home / "cache").glob("*.tar"))
     assert len(tars) == 1

@@ -26,7 +26,7 @@ TRAIN = ("--cpu", "--imgsz", "64", "--batch", "4", "--train-arg", "workers=0")
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    return dataset.synth(tmp_path_factory.mktemp("jobs") / "birds", n_train=4, n_val=2, imgsz=64)
+    return dataset.synth(tmp_path_factory.mktemp("jobs") / "ds", n_train=4, n_val=2, imgsz=64)
 
 
 def show(name, env=None) -> dict:

@@ -371,7 +371,7 @@ def test_steps_trial_trains_on_a_copy_of_the_first_images(tmp_path, orch_home):
 def test_trial_on_a_cpu_instance_records_a_measurement(orch_home, ledger, tmp_path):
     from orchestrator import dataset
 
-    data = dataset.synth(tmp_path / "birds", n_train=4, n_val=2, imgsz=64)
+    data = dataset.synth(tmp_path / "ds", n_train=4, n_val=2, imgsz=64)
     run_orch("up", "cpubox", "--cpu", check=0)
     try:
         proc = run_orch("trial", "cpubox", "--data", data, "--epochs", "1", "--imgsz", "64", "--batch", "4",

@@ -240,7 +240,7 @@ def test_dry_run_protected_then_idle_instance_is_stopped(orch_home, no_watchdog)
 def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_path):
     from orchestrator import dataset
 
-    data = dataset.synth(tmp_path / "data")
+    data = dataset.synth(tmp_path / "ds")
     run_orch("up", "fin", "--cpu", "--data", data, "--epochs", "1", "--imgsz", "64", "--batch", "4",
              "--train-arg", "workers=0", "--idle-minutes", "0.05", check=0)
     status_json = live_root(orch_home, "fin") / "home" / "orch" / "runs" / "r1" / "status.json"
@@ -273,7 +273,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
 def test_crashed_training_counts_as_idle(orch_home, no_watchdog, tmp_path):
     from orchestrator import dataset
 
-    data = dataset.synth(tmp_path / "data")
+    data = dataset.synth(tmp_path / "ds")
     run_orch("up", "crash", "--cpu", "--data", data, "--epochs", "50", "--imgsz", "64", "--batch", "4",
              "--train-arg", "workers=0", "--idle-minutes", "10", check=0)
     orch = reaper_orch()

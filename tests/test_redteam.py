@@ -37,7 +37,7 @@ esac
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    return dataset.synth(tmp_path_factory.mktemp("redteam") / "birds", n_train=4, n_val=2, imgsz=64)
+    return dataset.synth(tmp_path_factory.mktemp("redteam") / "ds", n_train=4, n_val=2, imgsz=64)
 
 
 # -- 1. a checkpoint that would run code on the next instance --------------------------------------

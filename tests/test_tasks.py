@@ -405,7 +405,7 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     from orchestrator import dataset
 
     fake, env = runpod
-    ds = dataset.synth(tmp_path / "birds", n_train=4, n_val=2, imgsz=64)
+    ds = dataset.synth(tmp_path / "ds", n_train=4, n_val=2, imgsz=64)
     plans = {
         "libreyolo": run_orch("run", "-f", EXAMPLES / "libreyolo" / "task.yaml", "--data", ds, "--provider", "runpod",
                               "--dry-run", env=env, check=0),
