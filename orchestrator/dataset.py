@@ -238,6 +238,17 @@ def _check_labels(label: Path, nc: int) -> int:
     return count
 
 
+def sha256(path: Path) -> str:
+    """The hex SHA-256 of a file (a packed tar), read in 1 MiB pieces."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 DOCTOR_NOTE_SECONDS = 10.0  # how often a running doctor says it still runs
 DOCTOR_TIMEOUT = 900.0
 

@@ -55,15 +55,23 @@ def push_dataset(
     """Validate ``folder``, pack it as one tar and upload it to the (private) dataset repo; return its hf:// URI.
 
     ``work_dir`` holds the tar while it uploads (default: the system temp folder); it needs room for
-    one more copy of the dataset. ``doctor`` as in dataset.validate.
+    one more copy of the dataset. ``doctor``: ``libreyolo doctor`` checks the packed bytes first, once
+    per content, as ``orch run`` does (a dataset trained on, or pushed, before is not checked again).
     """
+    import sys
+
+    from orchestrator import config
+
     check_repo_id(repo_id)
     hf = _hf()  # before validating, which can take a while on a big dataset
-    info = dataset.validate(Path(folder), doctor=doctor)
+    info = dataset.validate(Path(folder), doctor=False)
     api = _api(token)
     filename = f"{info.name}.tar"
     with tempfile.TemporaryDirectory(prefix="orch-pack-", dir=work_dir) as tmp:
         tar = dataset.pack(info, Path(tmp) / filename)
+        if doctor:
+            dataset.doctor(info, None, dataset.sha256(tar), config.cache_home() / "doctor",
+                           lambda m: print(m, file=sys.stderr, flush=True))
         try:
             api.create_repo(repo_id, repo_type="dataset", private=True, exist_ok=True)
             api.upload_file(

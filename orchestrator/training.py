@@ -123,7 +123,7 @@ def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
     tmp = cache / f"pack-{os.getpid()}.tar"
     say(f"      data: packing {len(info.files)} files ({info.bytes / 1e6:.1f} MB) into one tar")
     dataset.pack(info, tmp)
-    whole = _sha256(tmp)
+    whole = dataset.sha256(tmp)
     digest = whole[:16]
     # The doctor last, on the packed bytes' digest: an unchanged dataset is not checked twice.
     try:
@@ -137,16 +137,6 @@ def prepare(spec: TrainSpec, home: Path, say) -> TrainSpec:
     spec.dataset_name = f"ds-{digest}"
     say(f"      data: {sum(info.n_images.values())} images, {info.nc} classes, {spec.data_bytes / 1e6:.1f} MB packed")
     return spec
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def disk_for(spec: TrainSpec) -> tuple[int, str]:
@@ -256,6 +246,8 @@ def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log) -> str:
     is there too (``volume_mounts``)."""
     import time
 
+    from orchestrator import dataset
+
     from playbooks import train
 
     if spec.data.startswith("hf://"):
@@ -272,7 +264,7 @@ def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log) -> str:
                                       f"{time.monotonic() - t0:.2f} s", orch.actor)
             return data_yaml
         data_yaml, how = train.stage_on_volume(c, spec.local_tar, spec.dataset_name, data_dir,
-                                               _sha256(spec.local_tar), log=log, limits=limits)
+                                               dataset.sha256(spec.local_tar), log=log, limits=limits)
     said = {"reused": "reused from the volume (its checksum matches: nothing uploaded or unpacked)",
             "unpacked": "unpacked again from the tar on the volume (its checksum matches: nothing uploaded)",
             "uploaded": "staged on the volume (the next job on it reuses it)"}[how]

@@ -334,10 +334,15 @@ def test_parse_hf():
             hub.parse_hf(bad)
 
 
-def test_push_then_download_on_the_instance(ds, tmp_path, fake_hub, argvs):
+def test_push_then_download_on_the_instance(ds, tmp_path, fake_hub, argvs, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no verdict from another test
     info = dataset.validate(ds, doctor=False)
     uri = hub.push_dataset(ds, "acme/birds", token=fake_hub.token)
     assert uri == "hf://acme/birds/birds.tar"
+    assert "libreyolo doctor checks 12 images" in capsys.readouterr().err
+    # Pushed again (or trained on with `orch run`): the doctor's pass on these bytes holds.
+    assert hub.push_dataset(ds, "acme/birds", token=fake_hub.token) == uri
+    assert "not run again" in capsys.readouterr().err
     assert fake_hub.repos[("dataset", "acme/birds")].private
     assert fake_hub.file_bytes("dataset", "acme/birds", "birds.tar") == dataset.pack(info, tmp_path / "p.tar").read_bytes()
 
