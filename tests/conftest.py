@@ -239,4 +239,15 @@ def has_libreyolo() -> bool:
         return False
 
 
+def skip_without(*modules: str) -> None:
+    """Skip the test unless each module is installed, without importing it here: torch,
+    transformers and accelerate are what the test's instances import, not the test's own process
+    (``pytest.importorskip`` imported them into the worker: 20 s of the suite's CPU)."""
+    import importlib.util
+
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"needs {name}")
+
+
 needs_torch = pytest.mark.skipif(not has_libreyolo(), reason="needs the local extra (torch + libreyolo)")

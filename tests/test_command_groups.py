@@ -9,12 +9,11 @@ import json
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.clouds import local_billing, open_orch, orch_proc, wait_for
-from tests.conftest import ROOT, run_orch
+from tests.conftest import ROOT, run_orch, skip_without
 
 EXAMPLES = ROOT / "examples"
 
@@ -66,7 +65,7 @@ def test_a_node_that_exits_non_zero_fails_the_job_naming_its_rank_and_the_others
 
 @pytest.mark.long
 def test_the_torchrun_example_trains_as_one_world_on_two_local_nodes(orch_home):
-    pytest.importorskip("torch")
+    skip_without("torch")
     proc = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "local", "--cpu",
                     "--env", "STEPS=20", "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
@@ -81,8 +80,7 @@ def test_the_torchrun_example_trains_as_one_world_on_two_local_nodes(orch_home):
 
 @pytest.mark.long
 def test_the_hf_accelerate_example_runs_on_two_nodes_with_accelerates_multi_node_flags(orch_home):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    skip_without("transformers", "accelerate")
     proc = run_orch("run", "-f", EXAMPLES / "hf-accelerate" / "task.yaml", "--nodes", "2", "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["exit_code"] == 0, job["history"][-3:]
@@ -94,7 +92,7 @@ def test_the_hf_accelerate_example_runs_on_two_nodes_with_accelerates_multi_node
 
 @pytest.mark.long(weight=2)
 def test_a_lost_node_is_replaced_alone_and_the_group_resumes_from_the_restored_checkpoint(orch_home, tmp_path):
-    pytest.importorskip("torch")
+    skip_without("torch")
     work = tmp_path / "ddp"
     shutil.copytree(EXAMPLES / "torchrun-2-nodes", work)
     task = (work / "task.yaml").read_text().replace("checkpoint_minutes: 10", "checkpoint_minutes: 0.02")

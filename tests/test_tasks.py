@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.clouds import local_billing, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
-from tests.conftest import ROOT, on_instance, run_orch
+from tests.conftest import ROOT, on_instance, run_orch, skip_without
 
 EXAMPLES = ROOT / "examples"
 
@@ -434,7 +434,7 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
 
 @pytest.mark.long
 def test_the_pytorch_checkpoint_example_runs_on_the_local_provider(orch_home):
-    pytest.importorskip("torch")
+    skip_without("torch")
     proc = run_orch("run", "-f", EXAMPLES / "pytorch-checkpoint" / "task.yaml", "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["exit_code"] == 0, job["history"][-3:]
@@ -446,8 +446,7 @@ def test_the_pytorch_checkpoint_example_runs_on_the_local_provider(orch_home):
 
 @pytest.mark.long(weight=2)
 def test_the_hf_accelerate_example_fine_tunes_on_the_local_provider(orch_home):
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    skip_without("transformers", "accelerate")
     proc = run_orch("run", "-f", EXAMPLES / "hf-accelerate" / "task.yaml", "--wait", "--json", check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["exit_code"] == 0, job["history"][-3:]

@@ -62,10 +62,15 @@ def own_modules() -> list[str]:
             if not info.name.endswith(".__main__") and not info.name.startswith("playbooks.on_instance")]
 
 
+# Made once here and inherited by every child: the click command Typer builds from orch's app
+# (10 ms of CPU in each command).
+WARM = ("orchestrator.cli.main:click_command",)
+
+
 def serve(path: str) -> None:
     import importlib
 
-    for name in (*PRELOAD, *own_modules()):
+    for name in (*PRELOAD, *own_modules(), *WARM):
         module, _, call = name.partition(":")
         try:
             loaded = importlib.import_module(module)

@@ -10,6 +10,7 @@ and their exit code, anything else a one-line "internal error".
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -104,6 +105,18 @@ def main() -> None:
     run()
 
 
+@functools.cache
+def click_command():
+    """orch's click command, as Typer builds it from the app (10 ms of CPU, every command and option
+    made anew): once per process. A process forked after it was built (tests/zygote.py) inherits it."""
+    import typer
+
+    from orchestrator.cli import instances, jobs, exec, schedule, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard, volume  # noqa: F401,I001  (their commands, in help order)
+    from orchestrator.cli.app import app
+
+    return typer.main.get_command(app)
+
+
 def run(call=None) -> None:
     """The Typer app, or ``call`` (a fast path), inside orch's one error boundary."""
     from orchestrator.errors import OrchError
@@ -111,12 +124,7 @@ def run(call=None) -> None:
     try:
         if call is not None:
             return call()
-        import typer
-
-        from orchestrator.cli import instances, jobs, exec, schedule, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard, volume  # noqa: F401,I001  (their commands, in help order)
-        from orchestrator.cli.app import app
-
-        command = typer.main.get_command(app)
+        command = click_command()
         if os.environ.get("_ORCH_COMPLETE"):  # the shell asks for completions (Typer's scripts set this)
             from orchestrator.cli.app import complete_instance_names
 
