@@ -15,7 +15,7 @@ LIBREYOLO_WORKERS = 8  # LibreYOLO's default number of data-loading workers
 # every object alive: importing torch, torchvision and LibreYOLO's families makes millions, and a
 # training then unpickles, deep-copies (EMA) and pickles checkpoints object by object. Fewer young
 # passes, and what the imports made set aside (``settle``), took a 3-epoch CPU run of yolo9-t from
-# 7.6 to 5.9 CPU-s; cycles are still collected. torchtitan and Megatron-LM tune it for the same cause.
+# 7.7 to 6.0 CPU-s; cycles are still collected. torchtitan and Megatron-LM tune it for the same cause.
 GC_THRESHOLD = (10_000, 10, 10)
 
 
@@ -152,7 +152,7 @@ def api(spec):
 
         callbacks.append(OrchHubPush(spec["push_to"]))
     kwargs = dict(spec["kwargs"])
-    name_map_without_lazy_families(kwargs["model"])
+    name_map_without_lazy_families(kwargs["model"])  # before the freeze; build() then finds the map made
     settle()
     build(kwargs).train(callbacks=callbacks, **kwargs)
     return 0
