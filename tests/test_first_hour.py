@@ -3,13 +3,12 @@ refused before anything is made, what runs by default, and that nothing is left 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from orchestrator import dataset
-from tests.conftest import needs_torch, run_orch
+from tests.conftest import needs_torch, run_orch, skip_without
 from tests.test_cli_ux import has_local_gpu
 
 RUNPOD_KEY = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
@@ -201,12 +200,12 @@ def test_data_loading_workers_are_sized_to_the_cpus_of_the_instance():
 
 # -- what a training imports ----------------------------------------------------------------------------
 @needs_torch
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers beside LibreYOLO")
 def test_a_yolo_training_does_not_import_rf_detr_and_transformers_that_it_never_uses():
     """LibreYOLO's CLI imports RF-DETR and DINOv2, with transformers, to list its model names,
     wherever transformers is installed (most Hugging Face images). train_entry builds that list
     without them for a model that names neither: the names it trains by still resolve, and RF-DETR
     still registers when something asks for it, as when a checkpoint holds one."""
+    skip_without("transformers")  # the list imports them only beside transformers
     import subprocess
     import sys
 

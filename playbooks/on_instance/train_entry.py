@@ -103,18 +103,18 @@ def name_map_without_lazy_families(model) -> bool:
     return True
 
 
-def settle():
-    """Import what every training imports (LibreYOLO's model families, and with them torch and
-    torchvision), then move every object so far out of the collector's sight (``gc.freeze``): they
-    live as long as the process, and each full collection walked them all again."""
+def settle(model):
+    """Import what every training of ``model`` imports (the name map, LibreYOLO's model families,
+    and with them torch and torchvision), then move every object so far out of the collector's sight
+    (``gc.freeze``): they live as long as the process, and each full collection walked them all again."""
+    name_map_without_lazy_families(model)
     import libreyolo.models  # noqa: F401
 
     gc.freeze()
 
 
 def cli(argv):
-    name_map_without_lazy_families(argv_value(argv, "model"))
-    settle()
+    settle(argv_value(argv, "model"))
     from libreyolo.cli import entrypoint
 
     sys.argv = ["libreyolo", "train", *argv]
@@ -152,8 +152,7 @@ def api(spec):
 
         callbacks.append(OrchHubPush(spec["push_to"]))
     kwargs = dict(spec["kwargs"])
-    name_map_without_lazy_families(kwargs["model"])  # before the freeze; build() then finds the map made
-    settle()
+    settle(kwargs["model"])  # build() then finds the name map made
     build(kwargs).train(callbacks=callbacks, **kwargs)
     return 0
 
