@@ -18,13 +18,20 @@ MAX_BOUND = 256
 def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[Any, BaseException | None]]:
     """``fn(item)`` for every item, at most ``bound`` at a time; in the items' order, ``(result,
     None)`` or ``(None, the exception)``: one item's failure is its own, whatever it raised (a
-    thread cannot raise to its caller: the caller judges what comes back)."""
+    thread cannot raise to its caller: the caller judges what comes back).
+
+    Ctrl-C is the caller's, never an item's: it reaches the calling thread only (where a signal's
+    handler runs), and is raised there, whether the items run on it (one at a time) or on workers
+    it waits for. Handed back as one item's failure, it ended that item alone: `orch reap --watch`
+    looking at a single instance went on to its next pass, and Ctrl-C did nothing."""
     results: list[tuple[Any, BaseException | None]] = [(None, None)] * len(items)
 
     def call(k: int) -> None:
         try:
             results[k] = (fn(items[k]), None)
         except BaseException as e:  # noqa: BLE001 - handed back with its item
+            if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+                raise
             results[k] = (None, e)
 
     if bound <= 1 or len(items) <= 1:

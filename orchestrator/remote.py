@@ -37,6 +37,26 @@ def check_user(user: str) -> str:
     return user
 
 
+@__import__("functools").cache
+def _runner():
+    """Fabric's runner, but Ctrl-C during a command without a terminal ends the wait at once.
+    Fabric re-raises it (it has no way to interrupt such a command: fabric/runners.py,
+    ``Remote.send_interrupt``), then Invoke joins its output readers before Fabric closes the
+    channel (invoke/runners.py, ``Runner._finish``, then ``run``'s ``stop``): the readers wait for
+    the remote command to end, so `orch logs -f` never ended, and a reaper's look held Ctrl-C for
+    as long as the instance took. Closing the channel first ends the readers (paramiko's
+    ``Channel.close`` wakes them with end of file); the remote command is left as Fabric leaves it."""
+    from fabric.runners import Remote
+
+    class Interruptible(Remote):
+        def send_interrupt(self, interrupt):
+            if not self.using_pty:
+                self.channel.close()
+            super().send_interrupt(interrupt)
+
+    return Interruptible
+
+
 def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
             on_new_key: Callable[[str], None] | None = None, timeout: float = 15.0, rekey: bool = False):
     """An open Fabric Connection. ``host_key`` None: trust on first use, reported to ``on_new_key``.
@@ -47,7 +67,7 @@ def connect(host: str, port: int, user: str, key: Path, host_key: str | None,
     check_user(user)
     _quiet_paramiko()
     cfg = Config(overrides={"run": {"in_stream": False, "hide": True, "warn": True},
-                            "load_ssh_configs": False})
+                            "runners": {"remote": _runner()}, "load_ssh_configs": False})
     conn = Connection(host, user=user, port=port, config=cfg, connect_timeout=timeout, connect_kwargs={
         "key_filename": str(key), "look_for_keys": False, "allow_agent": False,
         "banner_timeout": timeout, "auth_timeout": timeout,

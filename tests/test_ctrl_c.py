@@ -1,0 +1,50 @@
+"""Ctrl-C ends what orch is waiting on over SSH at once, whatever the instance is doing: a
+command there that takes its time (a reaper's look at a hung host, `orch logs -f`) holds it no
+longer than the keypress. The remote command is left running, as an SSH client leaves it."""
+
+import signal
+
+from tests.clouds import arrange, open_orch, orch_proc, wait_for
+from tests.test_reaper import arrange_with_policy, live_root
+
+
+def interrupted(proc) -> tuple[str, str]:
+    """Ctrl-C to an orch process; its output once it ended (within 30 s, or the test fails)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()  # (what it started on the instance ends at the test's cleanup)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "orch: interrupted", (proc.returncode, err)
+    return out, err
+
+
+def test_ctrl_c_ends_a_watching_reaper_in_the_middle_of_a_look(orch_home, monkeypatch):
+    """It was taken for the one instance's failure (the pass went on, and so did the watch: CI saw
+    a reaper ignore it for a minute), and before that it waited for the remote command to end."""
+    monkeypatch.setenv("ORCH_WATCHDOG", "off")
+    arrange_with_policy("slow")
+    home = live_root(orch_home, "slow") / "home"
+    looking = home / "looking"
+    # The instance's Python, as provisioning records it, takes its time: the reaper's look hangs.
+    wrapper = home / "slow-python"
+    wrapper.write_text(f'#!/bin/sh\n: > {looking}\nsleep 300\nexec python3 "$@"\n')
+    wrapper.chmod(0o755)
+    (home / "orch").mkdir(exist_ok=True)
+    (home / "orch" / "python").write_text(f"{wrapper}\n")
+    reaper = orch_proc("reap", "--watch", "--interval", "60")
+    wait_for(looking.exists, timeout=60, what="the reaper's look to start")
+    interrupted(reaper)
+
+
+def test_ctrl_c_ends_logs_follow(orch_home):
+    orch = open_orch()
+    inst = arrange(orch, "tail")
+    home = live_root(orch_home, "tail") / "home"
+    (home / "orch").mkdir(exist_ok=True)
+    (home / "orch" / "train.log").write_text("epoch 1/3\n")
+    orch.ledger.add_run(instance_id=inst.id, model="yolo9-t", data="ds", run_dir="orch/runs/r1", state="running")
+    follow = orch_proc("logs", "tail", "-f")
+    assert follow.stdout.readline() == "epoch 1/3\n"  # tail -F is following it now
+    out, _ = interrupted(follow)
+    assert out == ""
