@@ -169,22 +169,13 @@ def test_processes_meeting_a_fresh_ledger_at_once_all_open_it(db, request, tmp_p
     """Parallel `orch up`s on a new machine (or a new team database) all migrate the same empty
     ledger at once: each one opens it, and the schema is built once (CI met "table jobs already
     exists" when two of them ran migration 0003 side by side)."""
-    import subprocess
-    import sys
-
     from migrations import HEAD
     from orchestrator.ledger import Ledger
-    from tests.conftest import ROOT
+    from tests.racers import race
 
     url = request.getfixturevalue("pg_url") if db == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
-    code = f"import sys\nfrom orchestrator.ledger import Ledger\nsys.stdin.readline()\nLedger({url!r})\n"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=ROOT) for _ in range(8)]
-    for p in procs:  # all imported: now open it, together
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    errors = [p.communicate(timeout=120)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0] * 8, "\n".join(e for e in errors if e)
+    racers = race(8, "from orchestrator.ledger import Ledger", f"Ledger({url!r})")  # all open it, together
+    assert [r.rc for r in racers] == [0] * 8, "\n".join(r.err for r in racers if r.err)
     assert Ledger(url, upgrade=False).revision() == HEAD
 
 
@@ -225,25 +216,17 @@ def test_an_upgrade_killed_halfway_leaves_the_ledger_as_it_was_and_the_next_open
 
 def test_racing_processes_on_postgresql_move_an_instance_once(pg_url):
     """Eight processes try the same compare-and-set at once: one moves it, seven are refused."""
-    import subprocess
-    import sys
-
     from orchestrator.ledger import Ledger
-    from tests.conftest import ROOT
+    from tests.racers import race
 
     led = Ledger(pg_url)
     inst = led.create_instance(name="contended", provider="local", label="")
-    code = ("import sys; from orchestrator.ledger import Ledger; from orchestrator.errors import IllegalTransition\n"
-            f"led = Ledger({pg_url!r})\nsys.stdin.readline()\n"
-            f"try: led.transition({inst.id!r}, 'provisioning', expect='requested'); print('won')\n"
-            "except IllegalTransition as e: print('lost', e)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, cwd=ROOT) for _ in range(8)]
-    for p in procs:  # all connected and migrated: now go, together
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outcomes = [p.communicate(timeout=60)[0].split()[0] for p in procs]
-    assert sorted(outcomes) == ["lost"] * 7 + ["won"]
+    racers = race(8, "from orchestrator.ledger import Ledger; from orchestrator.errors import IllegalTransition",
+                  before=f"led = Ledger({pg_url!r})\nled.revision()",  # connected and migrated: then, together
+                  body=f"try: led.transition({inst.id!r}, 'provisioning', expect='requested'); print('won')\n"
+                       "except IllegalTransition as e: print('lost', e)\n")
+    assert [r.rc for r in racers] == [0] * 8, "\n".join(r.err for r in racers if r.err)
+    assert sorted(r.out.split()[0] for r in racers) == ["lost"] * 7 + ["won"]
     assert [e.to_state for e in led.events(inst.id)] == ["requested", "provisioning"]
 
 

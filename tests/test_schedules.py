@@ -21,6 +21,7 @@ import pytest
 from tests.clouds import local_billing, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import ROOT, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
+from tests.racers import race
 
 MADRID = ZoneInfo("Europe/Madrid")
 UTC = timezone.utc
@@ -515,16 +516,10 @@ def cron_utc(dt):
     return cron.utc(dt)
 
 
-RACE = """
-import json, sys
-from datetime import datetime
-from orchestrator.lifecycle import Orch
-from orchestrator import scheduling
-orch = Orch.open(actor="reaper", say=lambda m: None)
-orch.ledger.revision()
-sys.stdin.readline()
-print(json.dumps(scheduling.run_due(orch, datetime.fromisoformat(sys.argv[1]))))
-"""
+RACE = ("import json, sys\nfrom datetime import datetime\nfrom orchestrator.lifecycle import Orch\n"
+        "from orchestrator import scheduling\n")
+CONNECTED = 'orch = Orch.open(actor="reaper", say=lambda m: None)\norch.ledger.revision()\n'
+PASS = "print(json.dumps(scheduling.run_due(orch, datetime.fromisoformat(sys.argv[1]))))\n"
 
 
 def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_home, tmp_path, pg_url):
@@ -535,14 +530,9 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
     orch = reaper()
     s = schedule(orch, "team")
     when = (cron_utc(s.due_at) + timedelta(seconds=30)).isoformat()
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, when], cwd=ROOT, text=True, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
-    for p in procs:  # all connected: now their passes, together
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
-    said = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    racers = race(3, RACE, before=CONNECTED, body=PASS, argv=(when,), timeout=300)  # connected: passes together
+    assert [r.rc for r in racers] == [0, 0, 0], [r.err[-2000:] for r in racers]
+    said = [json.loads(r.out.strip().splitlines()[-1]) for r in racers]
     assert sorted(len(d) for d in said) == [0, 0, 1], said
     launched = [d for got in said for d in got]
     assert launched[0]["state"] == "running", launched
