@@ -552,10 +552,29 @@ def _sqlite_begin(conn) -> None:
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+    except Exception as e:  # the driver's OperationalError
+        if "locked" not in str(e):
+            raise
+        _wal_again(cur)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def _wal_again(cur) -> None:
+    """WAL mode for a new ledger that other processes are opening at the same moment (parallel `orch
+    up`s on a new machine): switching a file to WAL takes an exclusive lock, and SQLite answers
+    "database is locked" at once, without waiting in its busy handler, to a connection it would
+    otherwise deadlock with another (sqlite.org/c3ref/busy_handler.html). Asked again, with jittered
+    backoff, for as long as the busy timeout; the mode persists in the file, so only its first opens
+    ever meet this."""
+    import tenacity
+
+    tenacity.Retrying(stop=tenacity.stop_after_delay(30), wait=tenacity.wait_random_exponential(0.01, 0.5),
+                      retry=tenacity.retry_if_exception(lambda e: "locked" in str(e)), reraise=True)(
+        cur.execute, "PRAGMA journal_mode=WAL")
 
 
 # The volumes' tables (their models live in ``ledger_volumes``): on the metadata whenever the
