@@ -265,4 +265,4 @@ def test_the_regions_file_is_written_under_a_lock_by_many_threads_at_once(tmp_pa
     assert sorted(Session({"region": "us-east-1"}, home).created_in()) == sorted(regions)
 
 
-netns.isolate(globals(), shards=2)
+netns.isolate(globals())

@@ -391,4 +391,4 @@ def test_the_launchs_403s_name_their_cause(lam, code, says):
     assert json.loads(run_orch("status", "k2", "--json", env=env, check=0).stdout)["state"] == "failed"
 
 
-netns.isolate(globals(), shards=2)
+netns.isolate(globals())
