@@ -257,8 +257,9 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
                for r in range(len(made))]
     interrupted: BaseException | None = None
     try:
-        for t in threads:
-            t.start()
+        with par.ctrl_c_held():  # every node's thread starts, or Ctrl-C would leave one never begun
+            for t in threads:
+                t.start()
         for d in done:
             while not d.wait(0.2):
                 pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import weakref
 from datetime import datetime
 from typing import Any, Iterable, Optional
@@ -555,7 +556,7 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     try:
         cur.execute("PRAGMA journal_mode=WAL")
-    except Exception as e:  # the driver's OperationalError
+    except sqlite3.OperationalError as e:
         if "locked" not in str(e):
             raise
         _wal_again(cur)

@@ -8,6 +8,7 @@ Plain threads pulling from one shared queue, not an executor: no future per item
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Callable, Sequence
 
@@ -56,6 +57,30 @@ def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[An
     for w in workers:
         w.join()
     return results
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl-C held back for the block (a loop that starts threads it will wait for), then raised as
+    it would have been. A Ctrl-C between two ``Thread.start`` calls left a thread that never began,
+    and a caller that waited for it for ever: `orch up --nodes 2` interrupted while its nodes' bring-
+    ups started (1 in 16 tries on a loaded machine). Signals' handlers run on the main thread only;
+    anywhere else the block runs as it is."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if seen and callable(before):
+            before(signal.SIGINT, seen[0])  # the handler it was meant for (orch's CLI remembers Ctrl-C)
+        elif seen and before == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def bound(flag: int | None = None) -> int:

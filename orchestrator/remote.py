@@ -9,6 +9,7 @@ images make new host keys at every start, the new key is accepted and reported t
 from __future__ import annotations
 
 import base64
+import functools
 import shlex
 import socket
 from pathlib import Path
@@ -37,7 +38,7 @@ def check_user(user: str) -> str:
     return user
 
 
-@__import__("functools").cache
+@functools.cache
 def _runner():
     """Fabric's runner, but Ctrl-C during a command without a terminal ends the wait at once.
     Fabric re-raises it (it has no way to interrupt such a command: fabric/runners.py,
