@@ -63,7 +63,7 @@ def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[An
 def ctrl_c_held():
     """Ctrl-C held back for the block (a loop that starts threads it will wait for), then raised as
     it would have been. A Ctrl-C between two ``Thread.start`` calls left a thread that never began,
-    and a caller that waited for it for ever: `orch up --nodes 2` interrupted while its nodes' bring-
+    and a caller that waited ten minutes for it: `orch up --nodes 2` interrupted while its nodes' bring-
     ups started (1 in 16 tries on a loaded machine). Signals' handlers run on the main thread only;
     anywhere else the block runs as it is."""
     import signal
