@@ -287,6 +287,13 @@ def doctor(info: DatasetInfo, imgsz: int | None, digest: str, verdicts: Path, sa
         os.replace(tmp, mark)
 
 
+# ``libreyolo ARGS`` with this interpreter, the collector tuned as train_entry.py tunes it (fewer
+# young passes; torch's and torchvision's objects frozen once imported): 3.5 -> 2.5 CPU-s for the
+# doctor of a 12-image dataset.
+LIBREYOLO_CLI = (sys.executable, "-c", "import gc, sys; gc.set_threshold(10_000, 10, 10); import torch, "
+                 "torchvision; gc.freeze(); from libreyolo.cli import entrypoint; sys.exit(entrypoint())")
+
+
 def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:
     """Run ``libreyolo doctor`` with this interpreter when LibreYOLO is installed; raise on its errors.
     It loads torch, then decodes every image: on a busy machine that is a minute or more, so it
@@ -295,11 +302,7 @@ def _doctor(yaml_path: Path, imgsz: int | None, n_images: int, say) -> None:
         return
     import time
 
-    # The collector tuned as train_entry.py tunes it (fewer young passes; torch's and torchvision's
-    # objects frozen once imported): 3.5 -> 2.5 CPU-s for the doctor of a 12-image dataset.
-    cmd = [sys.executable, "-c", "import gc, sys; gc.set_threshold(10_000, 10, 10); import torch, torchvision; "
-           "gc.freeze(); from libreyolo.cli import entrypoint; sys.exit(entrypoint())"]
-    cmd += ["doctor", str(yaml_path), "--json", "--quiet"]
+    cmd = [*LIBREYOLO_CLI, "doctor", str(yaml_path), "--json", "--quiet"]
     if imgsz:
         cmd += ["--imgsz", str(imgsz)]
     say(f"      data: libreyolo doctor checks {n_images} images (it loads torch first: this can take a minute)")
