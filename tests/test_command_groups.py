@@ -123,10 +123,15 @@ def test_a_lost_node_is_replaced_alone_and_the_group_resumes_from_the_restored_c
 
 def test_ctrl_c_during_a_groups_bring_up_leaves_no_process_and_no_live_row(orch_home):
     proc = orch_proc("up", "g", "--provider", "local", "--cpu", "--nodes", "2")
+
+    def both_created():
+        if proc.poll() is not None:
+            return "ended"  # before its nodes were made: what it said is the failure's reason
+        return (orch_home / "ledger.db").exists() and \
+            len([i for i in open_orch().ledger.instances() if i.state == "provisioning"]) == 2
     try:
-        wait_for(lambda: len([i for i in open_orch().ledger.instances() if i.state == "provisioning"]) == 2
-                 if (orch_home / "ledger.db").exists() else False, 120, "both nodes created",
-                 every=0.1)  # provisioning lasts about a second here
+        got = wait_for(both_created, 120, "both nodes created", every=0.1)  # provisioning lasts about a second here
+        assert got is True, f"orch up ended ({proc.returncode}) first: {proc.communicate()[1][-3000:]}"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

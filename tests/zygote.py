@@ -233,11 +233,11 @@ def _run() -> None:
 class Forked:
     """What the tests use of ``subprocess.Popen``, for an orch process the server forked."""
 
-    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr):
+    def __init__(self, args, pid: int, conn: socket.socket, stdin, stdout, stderr, buf: bytes = b""):
         self.args, self.pid, self._conn = args, pid, conn
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode = None
-        self._buf = b""
+        self._buf = buf  # what the server sent after the pid (``popen``)
 
     def _status(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
@@ -363,7 +363,7 @@ def popen(args: list[str], env: dict, cwd, stdin=None, stdout=None, stderr=None,
         msg = json.dumps({"args": list(args), "env": dict(env), "cwd": str(cwd), "cpu": cpu}) + "\n"
         socket.send_fds(conn, [msg.encode()], theirs)
         reply = b""
-        while not reply.endswith(b"\n"):
+        while b"\n" not in reply:
             chunk = conn.recv(4096)
             if not chunk:
                 raise RuntimeError("the fork server closed the connection")
@@ -371,10 +371,12 @@ def popen(args: list[str], env: dict, cwd, stdin=None, stdout=None, stderr=None,
     finally:
         for fd in theirs:
             os.close(fd)
-    answer = json.loads(reply)
+    # A command that ends at once has its exit status sent right behind its pid: one read can hold both.
+    line, rest = reply.split(b"\n", 1)
+    answer = json.loads(line)
     if "pid" not in answer:
         raise RuntimeError(f"the fork server could not start orch: {answer.get('error')}")
-    return Forked(full, answer["pid"], conn, *ours)
+    return Forked(full, answer["pid"], conn, *ours, buf=rest)
 
 
 if __name__ == "__main__":
