@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator import dataset
 from tests.conftest import needs_torch, run_orch
-from tests.clouds import configure, local_billing, open_orch, orch_proc
+from tests.clouds import configure, local_billing, open_orch, orch_proc, wait_for
 from tests.fakes.hosts import command_lines
 from tests.fakes.runpod_api import FakeRunPod
 from tests.fakes.vast_api import FakeVast
@@ -81,10 +81,21 @@ def test_secrets_never_reach_the_ledger_logs_json_or_a_command_line(orch_home, t
                 assert json.loads(out)["run"]["state"] in ("starting", "running")
             reads = [orch_proc(*args, env=env) for args in (
                 ["status", "sl", "--json"], ["status", "sr", "--json"], ["logs", "sl"], ["logs", "sr"],
-                ["status", "--json", "--all"], ["reconcile", "--json"], ["pull", "sl"])]
+                ["status", "--json", "--all"], ["reconcile", "--json"])]
             for proc in reads:
                 outputs.append("".join(proc.communicate(timeout=120)))
                 assert proc.returncode == 0, outputs[-1]
+
+            def ended():  # each look's output is scanned too
+                look = run_orch("status", "sl", "--json", env=env)
+                outputs.append(look.stdout + look.stderr)
+                return json.loads(look.stdout)["run"]["state"] in ("completed", "failed", "crashed")
+            # The pull once the training has ended: during it, last.pt is rewritten every epoch (a second
+            # here), and a pull whose three tries each meet a new one refuses it, by design.
+            wait_for(ended, 300, "sl's training to end", every=1)
+            pull = run_orch("pull", "sl", env=env)
+            outputs.append(pull.stdout + pull.stderr)
+            assert pull.returncode == 0, outputs[-1]
             on_instances = scan_tree(orch_home / "local", {"HF_TOKEN": hf_token}) + \
                 scan_tree(tmp_path / "runpod", {"HF_TOKEN": hf_token})
             downs = [orch_proc("down", name, "--yes", env=env) for name in jobs]
