@@ -162,14 +162,20 @@ def mark(orch, inst, remote, what: str) -> str | None:
 
 def read_state(orch, inst) -> dict | None:
     """The watchdog's state file (it survives a stop, on the volume)."""
+    from orchestrator import remote
     from playbooks import host
 
-    with orch.connect(inst) as c:
+    def read(c):
         try:
             with c.sftp().open(f"{host.workdir(c)}/watchdog.json") as f:
-                data = json.loads(f.read(1 << 20))
+                return json.loads(f.read(1 << 20))
         except (OSError, ValueError, RecursionError):
             return None
+
+    with orch.connect(inst) as c:
+        # An instance destroyed under the read (another orch's `down`): paramiko's "Server connection
+        # dropped" is the SSHError its callers handle, as for a command, not an internal error.
+        data = remote.dropped_is_ssh_error(c, lambda: read(c))
     return data if isinstance(data, dict) else None
 
 
