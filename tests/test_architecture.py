@@ -26,18 +26,35 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, source: str | None = None) -> set[str]:
     """Every module this file imports, at the top or inside a function (``from X import y`` counts
-    X, and X.y where that is a module)."""
-    tree = ast.parse(path.read_text())
+    X, and X.y where that is a module): relative imports resolved against the file's package, and
+    ``importlib.import_module("a.b")`` / ``__import__("a.b")`` with a literal name counted as imports."""
+    tree = ast.parse(source if source is not None else path.read_text())
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # ``from ..jobs import engine`` in orchestrator/views/x.py: orchestrator.jobs
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            if base:
+                found.add(base)
+                found |= {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and _dynamic_import(node.func):
+            found.add(node.args[0].value)
     return found
+
+
+def _dynamic_import(func: ast.expr) -> bool:
+    """``importlib.import_module(...)``, ``import_module(...)`` or ``__import__(...)``."""
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in ("import_module", "__import__")
 
 
 def graph() -> dict[str, set[str]]:
@@ -115,6 +132,23 @@ def test_an_upward_import_fails_the_layer_check():
         bad = {k: set(v) for k, v in edges.items()}
         bad[module].add(target)
         assert [line for line in upward(bad, patterns) if line.startswith(module + " ")] != [], (module, target)
+
+
+def test_relative_and_dynamic_imports_are_read():
+    """An upward import written relatively or through importlib is still an import: the check sees it."""
+    views = ROOT / "orchestrator" / "views" / "fleet.py"
+    ledger = ROOT / "orchestrator" / "ledger.py"
+    assert "orchestrator.jobs.engine" in imports(views, "from ..jobs import engine\n")
+    assert "orchestrator.jobs" in imports(views, "from .. import jobs\n")
+    assert "orchestrator.views.jobs" in imports(views, "from . import jobs\n")
+    assert "orchestrator.export" in imports(ledger, "import importlib\nimportlib.import_module('orchestrator.export')\n")
+    assert "orchestrator.export" in imports(ledger, "from importlib import import_module as im\nx = __import__('orchestrator.export')\n")
+    patterns = layers()
+    for module, source in (("orchestrator.ledger", "from .lifecycle import Orch\n"),
+                           ("orchestrator.ledger", "import importlib\nimportlib.import_module('orchestrator.jobs.engine')\n")):
+        path = modules()[module]
+        edges = {module: {m for m in imports(path, source) if m in modules() and m != module}}
+        assert upward(edges, patterns) != [], (module, source)
 
 
 def test_no_provider_imports_the_job_engine():
