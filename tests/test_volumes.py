@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.clouds import arrange, configure, local_billing, open_orch, wait_for
-from tests.conftest import run_orch
+from tests.conftest import needs_torch, run_orch
 from tests.fakes.webhook import Hook
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
 
@@ -344,6 +344,26 @@ def test_an_image_and_label_added_on_the_volume_are_not_trained_on(orch_home, tm
     assert files == staged and not any("poison" in f for f in files)
     assert not (top / "images" / "train" / "poison.png").exists()
     run_orch("down", "box", check=0)
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_job_whose_dataset_was_added_to_on_the_volume_stages_it_again_and_says_why(orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box")  # a job before this one staged it
+    stage_on(orch, spec)
+    run_orch("down", "box", check=0)
+    top = next(on_volume.iterdir())
+    (top / "images" / "train" / "poison.png").write_bytes(b"no image")  # LibreYOLO would fail on it
+    (top / "labels" / "train" / "poison.txt").write_text("7 0.5 0.5 0.9 0.9\n")  # class 7 of 2
+    proc = run_orch("run", "t", "--data", spec.data, "--epochs", "1", "--cpu", "--imgsz", "64", "--batch", "4",
+                    "--train-arg", "workers=0", "--volume", "ds:~/v", "--wait", "--json", check=0)
+    why = "data staged again: 2 files on the volume that orch did not stage; unpacked from the tar"
+    assert "staged again: 2 files on the volume that orch did not stage" in proc.stderr + proc.stdout
+    job = json.loads(proc.stdout)
+    assert job["state"] == "completed", job["history"]
+    assert any(why in h["text"] for h in job["history"]), job["history"]
+    assert why in job["attempts"][0]["resumed_from"]
+    assert not any(p.name.startswith("poison") for p in top.rglob("*"))
 
 
 def test_a_label_rewritten_with_its_manifest_entry_on_the_volume_is_staged_again(orch_home, tmp_path):
