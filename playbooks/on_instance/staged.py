@@ -25,6 +25,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import extract
+import tree
 
 
 def sha256(path):
@@ -62,31 +63,15 @@ def report(dest, sizes_json, cap):
     if not os.path.isdir(dest):
         answer["state"] = "missing"
         return answer
-    found, others = {}, answer["others"]
-    for top, dirs, names in os.walk(dest):  # links to folders are listed, never followed
-        for d in [d for d in dirs if os.path.islink(os.path.join(top, d))]:
-            others.append(os.path.relpath(os.path.join(top, d), dest))
-        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d)))
-        for n in sorted(names):
-            p = os.path.join(top, n)
-            rel = os.path.relpath(p, dest)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                found[rel] = st.st_size
-            else:
-                others.append(rel)
-        if len(found) + len(others) > cap:
-            answer["more"] = True
-            break
+    others = []
+    found = {rel: size for rel, (size, _, _) in sorted(tree.walk(dest, others).items())}
+    answer["more"] = len(found) + len(others) > cap
     # Only what the record lists, at the size it lists, is worth hashing: anything else differs anyway.
     wanted = [rel for rel, size in found.items() if sizes.get(rel) == size][:cap]
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:  # hashlib lets go of the GIL
         sums = dict(zip(wanted, pool.map(lambda rel: _regular_sha256(os.path.join(dest, rel)), wanted)))
     answer["files"] = {rel: [size, sums.get(rel)] for rel, size in list(found.items())[:cap]}
-    answer["others"] = others[:cap]
+    answer["others"] = sorted(others)[:cap]
     return answer
 
 
