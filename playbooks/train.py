@@ -67,10 +67,7 @@ def staged_report(c, dest: str, sizes: dict[str, int], cap: int) -> dict:
     import secrets
 
     listed = remote.put_text(c, json.dumps(sizes), f"{host.workdir(c)}/bin/staged.{secrets.token_hex(4)}.json")
-    try:
-        return host.script(c, "staged.py", "report", dest, listed, str(int(cap)))
-    finally:
-        remote.run(c, f"rm -f {shlex.quote(listed)}", check=False)
+    return host.script(c, "staged.py", "report", dest, listed, str(int(cap)))  # which removes ``listed``
 
 
 @task

@@ -55,6 +55,7 @@ def _regular_sha256(path):
 def report(dest, sizes_json, cap):
     with open(sizes_json) as f:
         sizes = json.load(f)
+    os.unlink(sizes_json)  # written for this report alone
     cap = int(cap)
     answer = {"state": "dir", "files": {}, "others": [], "more": False}
     if os.path.islink(dest) or (os.path.lexists(dest) and not os.path.isdir(dest)):
