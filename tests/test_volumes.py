@@ -412,6 +412,31 @@ def test_a_data_yaml_pointed_out_of_the_staged_folder_is_not_trained_on(orch_hom
     run_orch("down", "box", check=0)
 
 
+HOSTILE_LISTINGS = [
+    (["not", "a", "dict"], "no state"),
+    ({"state": "dir", "files": {f"x{i}": [1, None] for i in range(1200)}, "others": [], "more": False},
+     "more than 1013 entries"),
+    ({"state": "dir", "files": {"birds/data.yaml": [-1, "0" * 64]}, "others": [], "more": False},
+     "a file entry that is no path, size"),
+    ({"state": "dir", "files": {}, "others": ["x" * 5000], "more": False}, "an entry that is no path"),
+]
+
+
+def test_a_hostile_hosts_listing_of_a_staged_dataset_is_checked_before_use(orch_home, tmp_path, monkeypatch):
+    """What the instance says its folder holds is its word: of the wrong shape or beyond the sizes
+    asked for, it is not compared, and the dataset is staged again from orch's own tar."""
+    from playbooks import train
+
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    stage_on(orch, spec)
+    for listing, why in HOSTILE_LISTINGS:
+        monkeypatch.setattr(train, "staged_report", lambda *a, **k: listing)  # the host's answer, as it chose it
+        data_yaml, said = stage_on(orch, spec)
+        assert f"staged again: the instance's listing of it was not usable ({why}" in said, said
+        assert Path(trained_on(data_yaml)[0]["path"]).resolve().is_relative_to(on_volume.resolve())
+    run_orch("down", "box", check=0)
+
+
 def test_a_ledger_record_whose_data_yaml_leaves_the_folder_is_not_used(orch_home, tmp_path):
     """The record is kept at home, and a shared ledger's row is input too: one whose data.yaml
     leaves the dataset's folder is no record, and the dataset is staged again."""
