@@ -90,8 +90,9 @@ def check_report(raw, cap: int) -> dict:
     """The instance's report, its shape and sizes checked (``ValueError`` saying what is wrong)."""
     if not isinstance(raw, dict) or raw.get("state") not in ("dir", "missing", "link"):
         raise ValueError("no state")
-    files, others, more = raw.get("files"), raw.get("others"), raw.get("more")
-    if not isinstance(files, dict) or not isinstance(others, list) or not isinstance(more, bool):
+    files, others, more, pointed = raw.get("files"), raw.get("others"), raw.get("more"), raw.get("pointed")
+    if not isinstance(files, dict) or not isinstance(others, list) or not isinstance(more, bool) \
+            or not (pointed is None or isinstance(pointed, str)):
         raise ValueError("not the shape asked for")
     if len(files) > cap or len(others) > cap:
         raise ValueError(f"more than {cap} entries")
@@ -101,7 +102,7 @@ def check_report(raw, cap: int) -> dict:
             raise ValueError("a file entry that is no path, size and SHA-256")
     if not all(isinstance(o, str) and len(o) <= PATH_MAX for o in others):
         raise ValueError("an entry that is no path")
-    return {"state": raw["state"], "files": files, "others": others, "more": more}
+    return {"state": raw["state"], "files": files, "others": others, "more": more, "pointed": pointed}
 
 
 def _n(count: int, what: str) -> str:
@@ -143,14 +144,15 @@ def stage(orch, c, volume_id: str, spec, data_dir: str, digest: str, log, limits
         files, data_yaml = record
         cap = len(files) + EXTRA_LISTED
         try:
-            found = check_report(train.staged_report(c, dest, {r: v[0] for r, v in files.items()}, cap), cap)
+            found = check_report(train.staged_report(c, dest, {r: v[0] for r, v in files.items()}, cap, data_yaml,
+                                                     out), cap)
         except ValueError as e:
             why = f"the instance's listing of it was not usable ({e})"
         else:
-            why = differences(found, files)
+            why = differences(found, files) or (None if found["pointed"] == out else
+                                                "its data.yaml could not be pointed at its folder")
         if why is None:
-            return _pointed(c, dest, data_yaml, out), \
-                "reused from the volume (every file as orch staged it: nothing uploaded or unpacked)"
+            return out, "reused from the volume (every file as orch staged it: nothing uploaded or unpacked)"
     else:
         files, data_yaml = record_of(spec.local_tar)
     sent = train.restage(c, spec.local_tar, tar, dest, digest, log=log, limits=limits)

@@ -60,14 +60,15 @@ def _upload(c, local_tar: Path, dest: str, log, fresh: bool = False) -> bool:
 
 
 @task
-def staged_report(c, dest: str, sizes: dict[str, int], cap: int) -> dict:
+def staged_report(c, dest: str, sizes: dict[str, int], cap: int, data_yaml: str, out: str) -> dict:
     """What the staged dataset's folder ``dest`` holds now (``on_instance/staged.py report``): the
     instance's word, for the controller to check (``staged_data``); ``sizes``: the record's, so that
-    only the files it lists are hashed there."""
+    only the files it lists are hashed there. Its ``data_yaml`` is pointed to ``out`` in the same
+    run (used only where the folder is the record's)."""
     import secrets
 
     listed = remote.put_text(c, json.dumps(sizes), f"{host.workdir(c)}/bin/staged.{secrets.token_hex(4)}.json")
-    return host.script(c, "staged.py", "report", dest, listed, str(int(cap)))  # which removes ``listed``
+    return host.script(c, "staged.py", "report", dest, listed, str(int(cap)), data_yaml, out)  # removes ``listed``
 
 
 @task

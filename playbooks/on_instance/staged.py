@@ -1,9 +1,10 @@
 """A dataset staged on a volume: what its folder holds now, and the steps of staging it (standard
 library only).
 
-    python staged.py report DEST SIZES_JSON CAP        ->  ORCH_RESULT {"state": "dir"|"missing"|"link",
+    python staged.py report DEST SIZES_JSON CAP YAML OUT  ->  ORCH_RESULT {"state": "dir"|"missing"|"link",
                                                             "files": {REL: [SIZE, SHA256 or null]},
-                                                            "others": [REL...], "more": bool}
+                                                            "others": [REL...], "more": bool,
+                                                            "pointed": OUT or null}
     python staged.py tar TAR SHA256                    ->  ORCH_RESULT {"tar_ok": bool}
     python staged.py unpack TAR DEST SHA256|- [MAX_BYTES MAX_MEMBERS]  ->  ORCH_RESULT {"top": ...}
     python staged.py point DEST REL OUT                ->  ORCH_RESULT {"data_yaml": OUT}
@@ -14,7 +15,9 @@ A volume outlives the job that staged its dataset, and anything may have written
 size are in SIZES_JSON, the controller's record; links and other kinds by name; at most CAP
 entries), and the controller compares it with the record it keeps at home (``staged_data``).
 ``point`` writes the data.yaml LibreYOLO reads to OUT, beside the folder, so the folder stays
-byte for byte what the tar holds; REL must resolve to a file inside DEST.
+byte for byte what the tar holds; REL must resolve to a file inside DEST. ``report`` points the
+record's data.yaml (YAML) too, in the same run: the controller uses OUT only when the folder is
+the record's, else it stages the folder again and points it again.
 """
 import hashlib
 import json
@@ -52,12 +55,12 @@ def _regular_sha256(path):
         return h.hexdigest()
 
 
-def report(dest, sizes_json, cap):
+def report(dest, sizes_json, cap, yaml_rel, out):
     with open(sizes_json) as f:
         sizes = json.load(f)
     os.unlink(sizes_json)  # written for this report alone
     cap = int(cap)
-    answer = {"state": "dir", "files": {}, "others": [], "more": False}
+    answer = {"state": "dir", "files": {}, "others": [], "more": False, "pointed": None}
     if os.path.islink(dest) or (os.path.lexists(dest) and not os.path.isdir(dest)):
         answer["state"] = "link"
         return answer
@@ -73,6 +76,10 @@ def report(dest, sizes_json, cap):
         sums = dict(zip(wanted, pool.map(lambda rel: _regular_sha256(os.path.join(dest, rel)), wanted)))
     answer["files"] = {rel: [size, sums.get(rel)] for rel, size in list(found.items())[:cap]}
     answer["others"] = sorted(others)[:cap]
+    try:
+        answer["pointed"] = point(dest, yaml_rel, out)["data_yaml"]
+    except (SystemExit, OSError, ValueError):
+        pass  # the controller stages the folder again
     return answer
 
 
