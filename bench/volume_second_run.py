@@ -6,8 +6,8 @@ training itself is not what is measured), each timed as the instance's own recor
 ``dataset ... in N s``, from the start of the staging to the dataset ready):
 
 1. no volume: the dataset uploaded over SFTP and unpacked, as every new machine does today;
-2. the first run on a volume: uploaded and unpacked onto it, then its checksums kept (a manifest);
-3. the second run on the same volume: every checksum matches, nothing uploaded, nothing unpacked.
+2. the first run on a volume: uploaded and unpacked onto it, its checksums recorded in the ledger;
+3. the second run on the same volume: every file as recorded, nothing uploaded, nothing unpacked.
 
 The ratio is the first run on the volume over the second (what a second run saves), with the run
 without a volume beside them (what the first run's checksums cost). The dataset is noise PNGs

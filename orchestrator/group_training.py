@@ -31,8 +31,9 @@ from orchestrator.errors import OrchError, UsageError
 from orchestrator.text import why as _why
 
 
-def launch(orch, nodes: list, spec) -> Any:
-    """Stage the data on every node, then start torchrun on every node; returns rank 0's run row."""
+def launch(orch, nodes: list, spec, notes: list | None = None) -> Any:
+    """Stage the data on every node, then start torchrun on every node; returns rank 0's run row.
+    ``notes``: what the job's history should keep of the staging (``training.stage``)."""
     from orchestrator import groups, training, volume_mounts
     from orchestrator.kill_points import kill_point
     from playbooks import host, train
@@ -46,7 +47,8 @@ def launch(orch, nodes: list, spec) -> Any:
         node = nodes[rank]
         with orch.connect(node) as c:
             work = host.workdir(c)
-            data_yaml = training.stage(orch, node, c, spec, limits, log=lambda m: None)  # on its volume, if any
+            data_yaml = training.stage(orch, node, c, spec, limits, log=lambda m: None,  # on its volume, if any
+                                       notes=notes)
             run = orch.ledger.latest_run(node.id) if spec.resume else None
             if run is None:
                 run = orch.ledger.add_run(instance_id=node.id, model=spec.model, data=spec.data,

@@ -7,7 +7,10 @@ crash mid-create leaves a row ``orch reconcile`` settles from the provider's own
 confirms. Every change is a compare-and-set plus an event of its own (``volume_events``: the
 ``events`` table belongs to instances). ``volume_mounts`` records each instance a volume was mounted
 on, at which path: a volume is attached while one of those instances is live (stopped included:
-its disk and its mounts come back at a start).
+its disk and its mounts come back at a start). ``staged_datasets`` is what orch staged on a volume
+(every file's size and SHA-256, computed at home from the tar orch packed): a later job reuses the
+dataset only while what it finds there is that (``staged_data``), never on a record kept on the
+volume itself, which anything that mounts it may rewrite.
 
 ``volume_snapshot`` reads the whole picture without these models (``orch status``, ``orch cost``
 and every reaper pass look at it without importing SQLAlchemy).
@@ -18,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
-from sqlalchemy import Column, Text, text, update
+from sqlalchemy import Column, Text, UniqueConstraint, delete, text, update
 from sqlmodel import Field, SQLModel, select
 
 from orchestrator import states
@@ -72,6 +75,20 @@ class VolumeMount(SQLModel, table=True):
     path: str = Field(sa_column=Column(Text, nullable=False))  # as asked: /data, ~/data
     host_path: Optional[str] = Field(default=None, sa_column=Column(Text))  # as the instance resolved it
     attached_at: datetime = Field(default_factory=_now)
+
+
+class StagedDataset(SQLModel, table=True):
+    __tablename__ = "staged_datasets"
+    __table_args__ = (UniqueConstraint("volume_id", "name", name="uq_staged_datasets_volume_name"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    volume_id: str = Field(foreign_key="volumes.id", index=True, max_length=12)
+    name: str = Field(max_length=64)  # the dataset's folder on the volume: ds-<its tar's digest>
+    tar_sha256: str = Field(max_length=64)
+    data_yaml: str = Field(sa_column=Column(Text, nullable=False))  # relative to the dataset's folder
+    files: str = Field(sa_column=Column(Text, nullable=False))  # JSON {relative path: [size, sha256]}
+    manifest_sha256: str = Field(max_length=64)  # of ``files`` as stored: a row cut or edited is no record
+    staged_at: datetime = Field(default_factory=_now)
 
 
 # -- writes -------------------------------------------------------------------------------------
@@ -167,6 +184,16 @@ def set_host_path(ledger, mount_id: int, host_path: str) -> None:
         s.commit()
 
 
+def record_staged(ledger, volume_id: str, name: str, tar_sha256: str, data_yaml: str, files: str,
+                  manifest_sha256: str) -> None:
+    """What orch just staged on the volume as ``name``, in place of any earlier record of it."""
+    with ledger.session() as s:
+        s.exec(delete(StagedDataset).where(StagedDataset.volume_id == volume_id, StagedDataset.name == name))
+        s.add(StagedDataset(volume_id=volume_id, name=name, tar_sha256=tar_sha256, data_yaml=data_yaml, files=files,
+                            manifest_sha256=manifest_sha256))
+        s.commit()
+
+
 # -- reads through the ledger -------------------------------------------------------------------
 def by_name(ledger, name: str) -> VolumeRow | None:
     """The live volume of that name."""
@@ -202,3 +229,10 @@ def mounts_of(ledger, instance_id: str) -> list[tuple[VolumeMount, VolumeRow]]:
                                                             VolumeMount.volume_id == VolumeRow.id)
                        .order_by(VolumeMount.id))
         return [(m, v) for m, v in found]
+
+
+def staged(ledger, volume_id: str, name: str) -> StagedDataset | None:
+    """orch's record of the dataset ``name`` staged on the volume (None: orch staged none there)."""
+    with ledger.session(write=False) as s:
+        return s.exec(select(StagedDataset).where(StagedDataset.volume_id == volume_id,
+                                                  StagedDataset.name == name)).first()

@@ -204,8 +204,9 @@ def hub_env() -> dict[str, str]:
 
 
 # -- launch ------------------------------------------------------------------------------------
-def launch(orch, inst, spec: TrainSpec) -> Any:
-    """Stage the data and start training on a ready instance; returns the ledger's run row."""
+def launch(orch, inst, spec: TrainSpec, notes: list | None = None) -> Any:
+    """Stage the data and start training on a ready instance; returns the ledger's run row.
+    ``notes``: what the job's history should keep of the staging (``stage``)."""
     from orchestrator.kill_points import kill_point
     from playbooks import host, train
 
@@ -215,7 +216,7 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
     with orch.connect(inst) as c:
         work = host.workdir(c)
         orch.say("      staging the data")
-        data_yaml = stage(orch, inst, c, spec, limits, lambda m: orch.say(f"      {m}"))
+        data_yaml = stage(orch, inst, c, spec, limits, lambda m: orch.say(f"      {m}"), notes)
         if run is None:
             run = orch.ledger.add_run(instance_id=inst.id, model=spec.model, data=spec.data,
                                       data_bytes=spec.data_bytes, epochs=spec.epochs, gpu_name=inst.gpu_name,
@@ -239,14 +240,15 @@ def launch(orch, inst, spec: TrainSpec) -> Any:
     return run
 
 
-def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log) -> str:
+def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log, notes: list | None = None) -> str:
     """The dataset on the instance behind ``c``; returns its data.yaml there. Where the instance
     mounts a volume, a packed dataset is staged on the first one once and reused by every later
-    job while its checksum matches (``train.stage_on_volume``), and the hub's cache (``HF_HOME``)
+    job while every file is what orch's record says it staged (``staged_data``); a dataset staged
+    again there says why in ``notes`` too (for the job's history). The hub's cache (``HF_HOME``)
     is there too (``volume_mounts``)."""
     import time
 
-    from orchestrator import dataset
+    from orchestrator import dataset, staged_data
 
     from playbooks import train
 
@@ -257,19 +259,19 @@ def stage(orch, inst, c, spec: TrainSpec, limits: tuple[int, int], log) -> str:
         repo_id, filename = parse_hf(spec.data)
         return train.stage_hf(c, repo_id, filename, {**volume_mounts.env(orch, inst), **hub_env()}, limits)
     t0 = time.monotonic()
-    with volume_mounts.staging(orch, inst) as data_dir:
-        if data_dir is None:
+    with volume_mounts.staging(orch, inst) as where:
+        if where is None:
             data_yaml = train.stage_tar(c, spec.local_tar, spec.dataset_name, log=log, limits=limits)
             orch.ledger.note(inst.id, f"dataset {spec.dataset_name} staged on the instance in "
                                       f"{time.monotonic() - t0:.2f} s", orch.actor)
             return data_yaml
-        data_yaml, how = train.stage_on_volume(c, spec.local_tar, spec.dataset_name, data_dir,
-                                               dataset.sha256(spec.local_tar), log=log, limits=limits)
-    said = {"reused": "reused from the volume (its checksum matches: nothing uploaded or unpacked)",
-            "unpacked": "unpacked again from the tar on the volume (its checksum matches: nothing uploaded)",
-            "uploaded": "staged on the volume (the next job on it reuses it)"}[how]
+        data_dir, volume_id = where
+        data_yaml, said = staged_data.stage(orch, c, volume_id, spec, data_dir, dataset.sha256(spec.local_tar),
+                                            log, limits)
     log(f"data: {said}, {time.monotonic() - t0:.2f} s")
     orch.ledger.note(inst.id, f"dataset {spec.dataset_name} {said} in {time.monotonic() - t0:.2f} s", orch.actor)
+    if notes is not None and said.startswith("staged again"):
+        notes.append(f"data {said}")
     return data_yaml
 
 

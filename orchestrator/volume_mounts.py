@@ -246,9 +246,9 @@ STAGE_WAIT_S = 6 * 3600.0  # another stager of the same volume: what uploading a
 
 
 @contextmanager
-def staging(orch, inst) -> Iterator[str | None]:
-    """Where a LibreYOLO job stages its dataset on ``inst`` (``orch-data`` in its first volume; None
-    without one), held for one stager at a time per volume: the nodes of a group sharing one stage
+def staging(orch, inst) -> Iterator[tuple[str, str] | None]:
+    """Where a LibreYOLO job stages its dataset on ``inst``: (``orch-data`` in its first volume, that
+    volume's id; None without one), held for one stager at a time per volume: the nodes of a group sharing one stage
     in turn (a thread each: one lock per volume in this process) as do jobs of other orch processes
     (the volume's claim), so the second finds what the first staged instead of unpacking over it."""
     from orchestrator import claims, ledger_volumes
@@ -261,4 +261,4 @@ def staging(orch, inst) -> Iterator[str | None]:
     with _staging_guard:
         lock = _staging.setdefault(row.id, threading.Lock())
     with lock, claims.hold(orch.ledger, f"volume-data:{row.id}", wait=STAGE_WAIT_S):
-        yield f"{mount.host_path or mount.path}/{DATA_DIR}"
+        yield f"{mount.host_path or mount.path}/{DATA_DIR}", row.id

@@ -60,22 +60,37 @@ def _upload(c, local_tar: Path, dest: str, log, fresh: bool = False) -> bool:
 
 
 @task
-def stage_on_volume(c, local_tar: Path, name: str, data_dir: str, digest: str, log=print,
-                    limits: tuple[int, int] | None = None) -> tuple[str, str]:
-    """A packed dataset staged on a volume once and reused while unchanged: its tar ``NAME.tar``
-    (NAME from its content's digest) kept beside what it unpacked to (``NAME/``) and a manifest of
-    every file's SHA-256 (``on_instance/staged.py``). A later job uploads nothing when the tar's
-    checksum matches, and unpacks nothing when every file's does. Returns (data.yaml, what was
-    done: "reused", "unpacked" or "uploaded")."""
-    tar, dest = f"{data_dir}/{name}.tar", f"{data_dir}/{name}"
-    found = host.script(c, "staged.py", "check", tar, dest, digest)
-    if isinstance(found.get("data_yaml"), str):
-        return found["data_yaml"], "reused"
-    remote.run(c, f"mkdir -p {shlex.quote(data_dir)} && rm -rf {shlex.quote(dest)}")
-    sent = False if found.get("tar_ok") else _upload(c, local_tar, tar, log, fresh=True)
-    data_yaml = host.script(c, "extract.py", tar, dest, *[str(n) for n in (limits or ())])["data_yaml"]
-    host.script(c, "staged.py", "mark", tar, dest, digest, data_yaml)
-    return data_yaml, "uploaded" if sent else "unpacked"
+def staged_report(c, dest: str, sizes: dict[str, int], cap: int, data_yaml: str, out: str) -> dict:
+    """What the staged dataset's folder ``dest`` holds now (``on_instance/staged.py report``): the
+    instance's word, for the controller to check (``staged_data``); ``sizes``: the record's, so that
+    only the files it lists are hashed there. Its ``data_yaml`` is pointed to ``out`` in the same
+    run (used only where the folder is the record's)."""
+    import secrets
+
+    listed = remote.put_text(c, json.dumps(sizes), f"{host.workdir(c)}/bin/staged.{secrets.token_hex(4)}.json")
+    return host.script(c, "staged.py", "report", dest, listed, str(int(cap)), data_yaml, out)  # removes ``listed``
+
+
+@task
+def restage(c, local_tar: Path, tar: str, dest: str, digest: str, log=print,
+            limits: tuple[int, int] | None = None) -> bool:
+    """The dataset's folder ``dest`` made again from its tar on the volume, uploaded first unless
+    the one there has ``digest``; whether it was uploaded. The folder is left as the tar holds it
+    (its data.yaml is pointed from a copy beside it: ``point_staged``)."""
+    data_dir = tar.rsplit("/", 1)[0]
+    old = dest + ".manifest.json"  # where an orch before the ledger's record kept one
+    remote.run(c, f"mkdir -p {shlex.quote(data_dir)} && rm -rf {shlex.quote(dest)} {shlex.quote(old)}")
+    sent = False if host.script(c, "staged.py", "tar", tar, digest).get("tar_ok") is True else \
+        _upload(c, local_tar, tar, log, fresh=True)
+    host.script(c, "staged.py", "unpack", tar, dest, digest if sent else "-", *[str(n) for n in (limits or ())])
+    return sent
+
+
+@task
+def point_staged(c, dest: str, rel: str, out: str) -> str:
+    """The staged dataset's data.yaml ``rel`` (inside ``dest``, or refused there) pointed at the
+    folder as it is mounted now, written to ``out``; returns ``out``."""
+    return host.script(c, "staged.py", "point", dest, rel, out)["data_yaml"]
 
 
 @task

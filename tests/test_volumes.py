@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.clouds import arrange, configure, local_billing, open_orch, wait_for
-from tests.conftest import run_orch
+from tests.conftest import needs_torch, run_orch
 from tests.fakes.webhook import Hook
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
 
@@ -253,50 +254,207 @@ def test_a_volume_that_cannot_be_mounted_ends_the_instance_and_is_kept(orch_home
     assert volumes()["data"]["state"] == "ready" and folder.read_text() == "not a folder"
 
 
-def test_a_dataset_is_staged_on_the_volume_once_and_reused_while_its_checksums_match(orch_home, tmp_path):
-    import hashlib
-
+def staged_birds(tmp_path: Path, *instances: str):
+    """A volume ``ds`` mounted at ~/v by each of ``instances`` and orch's tiny synthetic dataset
+    packed as `orch run --data` packs it: (orch, the spec, the dataset's folder on the volume)."""
     from orchestrator import dataset, training
 
     make("ds")
-    for name in ("box", "twin"):  # two instances on one volume, as a group's nodes share one
+    for name in instances:
         mounting(name, "ds:~/v")
     info = dataset.validate(dataset.synth(tmp_path / "birds", n_train=4, n_val=2), doctor=False)
     tar = dataset.pack(info, tmp_path / "birds.tar")
     spec = training.TrainSpec(data=str(tmp_path / "birds"), local_tar=tar,
-                              dataset_name="ds-" + hashlib.sha256(tar.read_bytes()).hexdigest()[:16])
+                              dataset_name="ds-" + dataset.sha256(tar)[:16], data_bytes=tar.stat().st_size)
     orch = open_orch()
-    inst = orch.ledger.by_name("box")
+    return orch, spec, Path(orch.home) / "volumes" / "ds" / "orch-data" / spec.dataset_name
 
-    def stage(inst=inst) -> tuple[str, str]:
-        said = []
-        with orch.connect(inst) as c:
-            data_yaml = training.stage(orch, inst, c, spec, (1 << 30, 10_000), said.append)
-        return data_yaml, said[-1]
 
-    on_volume = orch_home / "volumes" / "ds" / "orch-data" / spec.dataset_name
+def stage_on(orch, spec, name: str = "box") -> tuple[str, str]:
+    """The dataset staged as a training on ``name`` stages it: (its data.yaml there, the line said)."""
+    from orchestrator import training
+
+    inst, said = orch.ledger.by_name(name), []
+    with orch.connect(inst) as c:
+        data_yaml = training.stage(orch, inst, c, spec, (1 << 30, 10_000), said.append)
+    return data_yaml, said[-1]
+
+
+def trained_on(data_yaml: str) -> tuple[dict, set[str]]:
+    """What LibreYOLO reads through ``data_yaml``: the yaml, and every file under its ``path:``."""
+    config = json.loads(Path(data_yaml).read_text())
+    root = Path(config["path"])
+    return config, {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def test_a_dataset_is_staged_on_the_volume_once_and_reused_while_every_file_is_as_staged(orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box", "twin")  # two instances on one volume, as a group's nodes
+    tar = spec.local_tar
     # Both at once: one stages, the other waits for it and reuses what it staged.
     from orchestrator import parallel
 
-    both = parallel.each(stage, [inst, orch.ledger.by_name("twin")], 2)
+    both = parallel.each(lambda name: stage_on(orch, spec, name), ["box", "twin"], 2)
     assert [e for _, e in both] == [None, None]
     said = sorted(s for (_, s), _ in both)
     assert "reused from the volume" in said[0] and "staged on the volume" in said[1], said
     first = both[0][0][0]
-    assert Path(first).resolve().is_relative_to(on_volume.resolve())
-    again, said = stage()
-    assert again == first and "reused from the volume" in said  # nothing uploaded, nothing unpacked
+    config, files = trained_on(first)
+    assert Path(config["path"]).resolve().is_relative_to(on_volume.resolve()) and "data.yaml" in files
+    tar_there = on_volume.with_name(spec.dataset_name + ".tar")
+    sent_at = tar_there.stat().st_mtime_ns
+    again, said = stage_on(orch, spec)
+    assert again == first and "reused from the volume" in said, said  # nothing uploaded, nothing unpacked
+    assert tar_there.stat().st_mtime_ns == sent_at
     image = next(p for p in on_volume.rglob("*.png"))
     image.write_bytes(b"changed by someone else")
-    _, said = stage()
-    assert "unpacked again" in said and image.read_bytes() != b"changed by someone else"
-    tar_there = on_volume.with_name(spec.dataset_name + ".tar")
+    _, said = stage_on(orch, spec)
+    assert "staged again: 1 file changed since orch staged it; unpacked from the tar" in said, said
+    assert image.read_bytes() != b"changed by someone else"
     tar_there.write_bytes(b"not the dataset")
     image.write_bytes(b"changed again")
-    _, said = stage()
-    assert "staged on the volume" in said and tar_there.read_bytes() == tar.read_bytes()
-    assert json.loads(Path(first).read_text())["path"] == str(Path(first).parent)
+    _, said = stage_on(orch, spec)
+    assert "staged again: 1 file changed since orch staged it; uploaded again" in said, said
+    assert tar_there.read_bytes() == tar.read_bytes() and image.read_bytes() != b"changed again"
+    _, said = stage_on(orch, spec)
+    assert "reused from the volume" in said, said
     run_orch("down", "box", "twin", check=0)
+
+
+def test_what_orch_staged_on_a_volume_is_recorded_on_a_shared_postgresql_ledger(pg_url, orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    assert "staged on the volume" in stage_on(orch, spec)[1]
+    assert "reused from the volume" in stage_on(orch, spec)[1]
+    (next(on_volume.iterdir()) / "extra.txt").write_text("not orch's")
+    assert "staged again: 1 file on the volume that orch did not stage" in stage_on(orch, spec)[1]
+    assert "reused from the volume" in stage_on(orch, spec)[1]
+    run_orch("down", "box", check=0)
+
+
+# -- a volume written by someone else: the attacks of issue 53 (finding 4) ---------------------------
+def test_an_image_and_label_added_on_the_volume_are_not_trained_on(orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    data_yaml, _ = stage_on(orch, spec)
+    _, staged = trained_on(data_yaml)
+    top = next(on_volume.iterdir())
+    shutil.copy(next(top.glob("images/train/*.png")), top / "images" / "train" / "poison.png")
+    (top / "labels" / "train" / "poison.txt").write_text("0 0.5 0.5 0.9 0.9\n")
+    data_yaml, said = stage_on(orch, spec)
+    assert "staged again: 2 files on the volume that orch did not stage" in said, said
+    config, files = trained_on(data_yaml)
+    assert files == staged and not any("poison" in f for f in files)
+    assert not (top / "images" / "train" / "poison.png").exists()
+    run_orch("down", "box", check=0)
+
+
+@needs_torch
+@pytest.mark.training
+def test_a_job_whose_dataset_was_added_to_on_the_volume_stages_it_again_and_says_why(orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box")  # a job before this one staged it
+    stage_on(orch, spec)
+    run_orch("down", "box", check=0)
+    top = next(on_volume.iterdir())
+    (top / "images" / "train" / "poison.png").write_bytes(b"no image")  # LibreYOLO would fail on it
+    (top / "labels" / "train" / "poison.txt").write_text("7 0.5 0.5 0.9 0.9\n")  # class 7 of 2
+    proc = run_orch("run", "t", "--data", spec.data, "--epochs", "1", "--cpu", "--imgsz", "64", "--batch", "4",
+                    "--train-arg", "workers=0", "--volume", "ds:~/v", "--wait", "--json", check=0)
+    why = "data staged again: 2 files on the volume that orch did not stage; unpacked from the tar"
+    assert "staged again: 2 files on the volume that orch did not stage" in proc.stderr + proc.stdout
+    job = json.loads(proc.stdout)
+    assert job["state"] == "completed", job["history"]
+    assert any(why in h["text"] for h in job["history"]), job["history"]
+    assert why in job["attempts"][0]["resumed_from"]
+    assert not any(p.name.startswith("poison") for p in top.rglob("*"))
+
+
+def test_a_label_rewritten_with_its_manifest_entry_on_the_volume_is_staged_again(orch_home, tmp_path):
+    import hashlib
+
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    stage_on(orch, spec)
+    top = next(on_volume.iterdir())
+    label = next(top.glob("labels/train/*.txt"))
+    kept = label.read_bytes()
+    label.write_text("1 0.5 0.5 0.9 0.9\n")
+    # An attacker who knows how a staged dataset used to be checked rewrites that record too.
+    manifest = on_volume.with_name(spec.dataset_name + ".manifest.json")
+    if manifest.exists():
+        record = json.loads(manifest.read_text())
+        record["files"][label.relative_to(on_volume.resolve()).as_posix()] = [
+            label.stat().st_size, hashlib.sha256(label.read_bytes()).hexdigest()]
+        manifest.write_text(json.dumps(record))
+    _, said = stage_on(orch, spec)
+    assert "staged again: 1 file changed since orch staged it" in said, said
+    assert label.read_bytes() == kept
+    run_orch("down", "box", check=0)
+
+
+def test_a_data_yaml_pointed_out_of_the_staged_folder_is_not_trained_on(orch_home, tmp_path):
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    stage_on(orch, spec)
+    elsewhere = on_volume.resolve().parent.parent / "elsewhere"
+    (elsewhere / "images").mkdir(parents=True)
+    poison = {"path": str(elsewhere), "train": "images", "val": "images", "nc": 1, "names": ["poison"]}
+    (elsewhere / "data.yaml").write_text(json.dumps(poison))
+    # The volume's own record pointed there (how reuse read it), and the dataset's data.yaml a link there.
+    manifest = on_volume.with_name(spec.dataset_name + ".manifest.json")
+    if manifest.exists():
+        record = json.loads(manifest.read_text())
+        record["data_yaml"] = "../../elsewhere/data.yaml"
+        manifest.write_text(json.dumps(record))
+    top = next(on_volume.iterdir())
+    (top / "data.yaml").unlink()
+    (top / "data.yaml").symlink_to(os.path.relpath(elsewhere / "data.yaml", top))
+    data_yaml, said = stage_on(orch, spec)
+    assert "staged again: 1 file on the volume that orch did not stage" in said, said
+    config, files = trained_on(data_yaml)
+    assert config["names"] != ["poison"] and Path(config["path"]).resolve().is_relative_to(on_volume.resolve())
+    assert not (top / "data.yaml").is_symlink()
+    run_orch("down", "box", check=0)
+
+
+HOSTILE_LISTINGS = [
+    (["not", "a", "dict"], "no state"),
+    ({"state": "dir", "files": {f"x{i}": [1, None] for i in range(1200)}, "others": [], "more": False},
+     "more than 1013 entries"),
+    ({"state": "dir", "files": {"birds/data.yaml": [-1, "0" * 64]}, "others": [], "more": False},
+     "a file entry that is no path, size"),
+    ({"state": "dir", "files": {}, "others": ["x" * 5000], "more": False}, "an entry that is no path"),
+]
+
+
+def test_a_hostile_hosts_listing_of_a_staged_dataset_is_checked_before_use(orch_home, tmp_path, monkeypatch):
+    """What the instance says its folder holds is its word: of the wrong shape or beyond the sizes
+    asked for, it is not compared, and the dataset is staged again from orch's own tar."""
+    from playbooks import train
+
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    stage_on(orch, spec)
+    for listing, why in HOSTILE_LISTINGS:
+        monkeypatch.setattr(train, "staged_report", lambda *a, **k: listing)  # the host's answer, as it chose it
+        data_yaml, said = stage_on(orch, spec)
+        assert f"staged again: the instance's listing of it was not usable ({why}" in said, said
+        assert Path(trained_on(data_yaml)[0]["path"]).resolve().is_relative_to(on_volume.resolve())
+    run_orch("down", "box", check=0)
+
+
+def test_a_ledger_record_whose_data_yaml_leaves_the_folder_is_not_used(orch_home, tmp_path):
+    """The record is kept at home, and a shared ledger's row is input too: one whose data.yaml
+    leaves the dataset's folder is no record, and the dataset is staged again."""
+    from sqlalchemy import update
+
+    from orchestrator.ledger_volumes import StagedDataset
+
+    orch, spec, on_volume = staged_birds(tmp_path, "box")
+    stage_on(orch, spec)
+    with orch.ledger.session() as s:
+        s.exec(update(StagedDataset).values(data_yaml="../../elsewhere/data.yaml"))
+        s.commit()
+    data_yaml, said = stage_on(orch, spec)
+    assert "staged again: orch's record of it is not usable" in said, said
+    config, _ = trained_on(data_yaml)
+    assert Path(config["path"]).resolve().is_relative_to(on_volume.resolve())
+    assert "reused from the volume" in stage_on(orch, spec)[1]  # the record made again at home
+    run_orch("down", "box", check=0)
 
 
 # -- placement and relaunch ------------------------------------------------------------------------

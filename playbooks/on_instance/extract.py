@@ -13,10 +13,14 @@ import os
 import re
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 
-def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
+def orch_extract(tar_path, dest, max_bytes=None, max_members=None, pointed=True):
+    """Unpack ``tar_path`` under ``dest``; its data.yaml pointed there (``pointed``: else left as
+    the tar holds it, and the top folder answered: a dataset staged on a volume is pointed from a
+    copy beside it)."""
     dest = Path(dest).expanduser().resolve()
     dest.mkdir(parents=True, exist_ok=True)
     try:
@@ -52,18 +56,22 @@ def orch_extract(tar_path, dest, max_bytes=None, max_members=None):
                 m.mode = (m.mode & 0o755) | (0o700 if m.isdir() else 0o600)
                 m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
             tar.extractall(dest, members=members)
-    return point(dest / tops.pop(), tar_path)
+    top = dest / tops.pop()
+    return point(top, tar_path) if pointed else str(top)
 
 
-def point(root, what):
-    """The dataset's one data.yaml under ``root``, its ``path:`` set to ``root`` as it is now (a
-    dataset staged on a volume is pointed again wherever the volume is mounted this time)."""
+def point(root, what, yaml=None, out=None):
+    """The dataset's one data.yaml under ``root`` (or ``yaml``), its ``path:`` set to ``root`` as it
+    is now (a dataset staged on a volume is pointed again wherever the volume is mounted this
+    time), written in place or to ``out``."""
     root = Path(root)
-    found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
-    found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
-    if len(found) != 1:
-        raise SystemExit(f"{what}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
-    data_yaml = found[0]
+    if yaml is None:
+        found = [root / n for n in ("data.yaml", "data.yml") if (root / n).is_file()]
+        found = found or sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml"))
+        if len(found) != 1:
+            raise SystemExit(f"{what}: expected one data.yaml in {root.name}/, found {[p.name for p in found]}")
+        yaml = found[0]
+    data_yaml = Path(yaml)
     text = data_yaml.read_text()
     try:
         config = json.loads(text)
@@ -76,10 +84,14 @@ def point(root, what):
         # Every top-level spelling of the key, quoted too (YAML reads "path": as path:, and the last one wins).
         kept = [line for line in text.splitlines() if not re.match(r"""(path|"path"|'path')\s*:""", line)]
         text = "\n".join([f"path: {json.dumps(str(root))}", *kept]) + "\n"
-    tmp = data_yaml.with_name(f".{data_yaml.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, data_yaml)
-    return str(data_yaml)
+    target = Path(out) if out else data_yaml
+    # A name of its own, made exclusively: a link planted at a fixed temporary name is not written through.
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+    return str(target)
 
 
 def limits(argv):

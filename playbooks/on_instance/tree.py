@@ -20,12 +20,16 @@ import sys
 import tarfile
 
 
-def walk(top):
-    """{rel: (size, mtime_ns, mtime)} of the regular files under the folder ``top`` (links not followed)."""
+def walk(top, others=None):
+    """{rel: (size, mtime_ns, mtime)} of the regular files under the folder ``top`` (links not
+    followed); the rel of every link and other kind of file is added to the list ``others``, if given."""
     out = {}
     if os.path.islink(top) or not os.path.isdir(top):
         return out
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        if others is not None:
+            others += [os.path.relpath(os.path.join(dirpath, d), top).replace(os.sep, "/")
+                       for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
         for name in filenames:
             full = os.path.join(dirpath, name)
@@ -33,8 +37,11 @@ def walk(top):
                 st = os.lstat(full)
             except OSError:
                 continue
+            rel = os.path.relpath(full, top).replace(os.sep, "/")
             if stat.S_ISREG(st.st_mode):
-                out[os.path.relpath(full, top).replace(os.sep, "/")] = (st.st_size, st.st_mtime_ns, st.st_mtime)
+                out[rel] = (st.st_size, st.st_mtime_ns, st.st_mtime)
+            elif others is not None:
+                others.append(rel)
     return out
 
 

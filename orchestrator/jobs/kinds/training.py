@@ -91,10 +91,12 @@ class TrainingKind(JobKind):
         start = resume_copy.stage(orch, job, nodes, spec, copy) if copy is not None else None
         if start is not None:
             spec = replace(spec, resume=True)
-        run = group_training.launch(orch, nodes, spec) if len(nodes) > 1 else training.launch(orch, nodes[0], spec)
+        notes: list[str] = []  # a dataset staged again on a volume, and why
+        run = group_training.launch(orch, nodes, spec, notes) if len(nodes) > 1 else \
+            training.launch(orch, nodes[0], spec, notes)
         resumed = f"resumed from the job's verified copy of last.pt (epoch {start})" if start is not None else \
             "started at epoch 1"
-        return Launched(run, start, resumed)
+        return Launched(run, start, "; ".join([resumed, *dict.fromkeys(notes)]))
 
     def _prepared(self, orch):
         """The spec with its data ready to stage: the packed tar is in orch's cache unless it was
