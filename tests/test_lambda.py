@@ -137,6 +137,22 @@ def test_an_instance_arranged_ready_trains_end_to_end_and_down_terminates_it(lam
 
 
 # -- Lambda's limits ------------------------------------------------------------------------------
+def test_a_launch_whose_new_instance_cannot_be_read_is_kept_never_launched_again(lam, orch_home):
+    """The launch answers the new id; every read of it then meets the API's rate limit (429): the id
+    is kept (the launch happened), never taken for a refused launch and launched again."""
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                    "destroy_timeout": 20, "launch_interval": 0, "retries": 2})
+    provider = open_orch().provider("lambda")
+    fake.inject(429, "Too Many Requests", method="GET", path=r"^/instances/[0-9a-f]+$", times=2)
+    made = provider.create(Request(name="r", gpu="A10"), label_for("r" * 12, "r"), config.ssh_key()[1])
+    assert [c.status for c in launches(fake)] == [200] and list(fake.instances) == [made.provider_id]
+    assert made.status == Status.PENDING and made.label == label_for("r" * 12, "r")
+    assert provider.get(made.provider_id).label == made.label, "found once the reads are answered"
+    provider.destroy(made.provider_id)
+    assert fake.live() == []
+
+
 def test_a_rate_limited_launch_waits_and_a_taken_region_gives_way_to_the_next(lam, tmp_path):
     fake, _ = lam
     fake.launch_interval = 1.0  # Lambda's own limiter: one launch per interval (12 s there)

@@ -156,6 +156,14 @@ def launch_fields(mounts: tuple[Mount, ...]) -> dict[str, Any]:
             **({"file_system_mounts": direct} if direct else {})}
 
 
+def not_mounted(row: dict, mounts: tuple[Mount, ...]) -> list[str]:
+    """The filesystems of ``mounts`` that the instance ``row`` (``GET /instances/{id}``) does not list
+    in its ``file_system_names`` (Lambda's OpenAPI description, Instance: "The names of the
+    filesystems mounted to the instance")."""
+    shown = row.get("file_system_names") if isinstance(row.get("file_system_names"), list) else []
+    return [volume_label(m.volume.name) for m in mounts if volume_label(m.volume.name) not in shown]
+
+
 def mount_steps(mounts) -> list:
     """Mounted at its path where Lambda could; elsewhere a link from the path to its default mount."""
     return [Present(m.path) if MOUNTABLE.fullmatch(m.path) else
