@@ -23,6 +23,7 @@ instance once it runs, kept when it ends.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -40,6 +41,9 @@ VOLUME_TAG = "orch:volume"
 DEVICES = "fghijklmnop"  # /dev/sdf ... /dev/sdp: the names EC2 recommends for EBS data volumes
 _ID = re.compile(r"(?P<vid>vol-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+# The codes that blame the zone itself (EC2 API reference, "Error codes": InvalidAvailabilityZone,
+# InvalidZone.NotFound); InvalidParameterValue blames the zone only when its message names it.
+ZONE_ERRORS = ("InvalidAvailabilityZone", "InvalidZone.NotFound")
 WAIT_S = 600.0  # how long a new volume may take to be available, an instance to run, an attach to finish
 
 
@@ -85,6 +89,16 @@ def default_zone(session: Session, region: str) -> str:
     return names[0]
 
 
+def client_token(name: str) -> str:
+    """``CreateVolume``'s idempotency token, within EC2's 64 characters ("Ensure idempotency in Amazon
+    EC2 API requests": "a unique, case-sensitive string of up to 64 ASCII characters"; botocore's
+    model leaves the length unchecked): ``orch-vol-`` (9), 12 hex of the name's SHA-256, a dash, 32
+    random hex: 54 characters for any name. The name is hashed, not written out: a 40-character
+    name made an 81-character token, which EC2 refused."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"orch-vol-{digest}-{uuid.uuid4().hex}"
+
+
 def create(session: Session, name: str, size_gb: int, where: str | None, poll: float) -> Volume:
     zone = where or default_zone(session, session.region)
     region = region_of(zone)
@@ -94,11 +108,14 @@ def create(session: Session, name: str, size_gb: int, where: str | None, poll: f
     try:
         with aws(f"create_volume {label} in {zone}"):
             made = session.ec2(region).create_volume(
-                AvailabilityZone=zone, Size=int(size_gb), VolumeType="gp3", ClientToken=f"{label}-{uuid.uuid4().hex}",
+                AvailabilityZone=zone, Size=int(size_gb), VolumeType="gp3", ClientToken=client_token(name),
                 TagSpecifications=[{"ResourceType": "volume", "Tags": tags}])
     except AWSError as e:
-        if e.code in ("InvalidParameterValue", "InvalidAvailabilityZone", "InvalidZone.NotFound"):
+        zone_named = "zone" in str(e).lower()
+        if e.code in ZONE_ERRORS or (e.code == "InvalidParameterValue" and zone_named):
             raise UsageError(f"AWS refused zone {zone!r} for a volume: {e}") from None
+        if e.code == "InvalidParameterValue":  # a refusal of what was asked, made nothing: said as AWS says it
+            raise UsageError(f"AWS refused to create volume {name} ({size_gb} GB gp3 in {zone}): {e}") from None
         raise
     vid = made["VolumeId"]
     row = _await(session, region, vid, lambda r: r.get("State") == "available", poll, "available")
