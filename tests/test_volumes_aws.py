@@ -166,6 +166,29 @@ def test_a_long_name_makes_its_volume_and_a_refusal_is_reported_as_aws_says_it(e
     assert [v.name for v in provider.list_volumes()] == [name]
 
 
+def test_a_volume_ec2_still_lists_as_deleting_is_not_orchs_any_more(ec2, monkeypatch):
+    """EC2 lists a deleted volume as ``deleting`` for a while (moto drops it at once): it is not
+    listed as orch's, so a reconcile never adopts what the user just deleted."""
+    from moto.ec2.models.elastic_block_store import EBSBackend, Volume
+
+    m, provider = ec2
+    made = provider.create_volume("gone", 1, ZONE)
+
+    class Deleting(Volume):
+        status = property(lambda self: "deleting")
+
+    def delete_as_ec2(backend, volume_id):
+        backend.volumes[volume_id].__class__ = Deleting
+        return backend.volumes[volume_id]
+
+    monkeypatch.setattr(EBSBackend, "delete_volume", delete_as_ec2)
+    provider.delete_volume(made)
+    import boto3
+
+    states = [v["State"] for v in boto3.client("ec2", region_name="us-east-1").describe_volumes()["Volumes"]]
+    assert "deleting" in states and provider.list_volumes() == []
+
+
 def test_without_a_zone_it_goes_to_the_regions_first(ec2):
     m, provider = ec2
     assert provider.create_volume("cache", 1, None).where == "us-east-1a"

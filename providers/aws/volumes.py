@@ -44,6 +44,7 @@ _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
 # The codes that blame the zone itself (EC2 API reference, "Error codes": InvalidAvailabilityZone,
 # InvalidZone.NotFound); InvalidParameterValue blames the zone only when its message names it.
 ZONE_ERRORS = ("InvalidAvailabilityZone", "InvalidZone.NotFound")
+GOING = ("deleting", "deleted")
 WAIT_S = 600.0  # how long a new volume may take to be available, an instance to run, an attach to finish
 
 
@@ -64,10 +65,13 @@ def region_of(zone: str) -> str:
 
 
 def volume(row: dict, region: str) -> Volume | None:
-    """A ``describe_volumes`` row as orch's ``Volume``; None when it carries no orch name."""
+    """A ``describe_volumes`` row as orch's ``Volume``; None when it carries no orch name, or is on its
+    way out: EC2 lists a deleted volume as ``deleting``, then ``deleted``, for a while (EC2 API
+    reference, Volume ``State``: creating | available | in-use | deleting | deleted | error), and a
+    volume listed so is no volume to adopt again or to mount."""
     tags = {t.get("Key"): t.get("Value") for t in row.get("Tags") or [] if isinstance(t, dict)}
     name = tags.get(VOLUME_TAG)
-    if not name:
+    if not name or row.get("State") in GOING:
         return None
     created = row.get("CreateTime")
     attached = tuple(provider_id(a["InstanceId"], region) for a in row.get("Attachments") or []
