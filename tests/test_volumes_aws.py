@@ -189,6 +189,20 @@ def test_a_volume_ec2_still_lists_as_deleting_is_not_orchs_any_more(ec2, monkeyp
     assert "deleting" in states and provider.list_volumes() == []
 
 
+def test_a_volume_is_priced_at_its_regions_rate_where_one_is_given(ec2):
+    """gp3 costs $0.08/GB-month in us-east-1 (aws.amazon.com/ebs/pricing) and more elsewhere: a region's
+    own rate comes from ``ebs_prices``; without one it is the us-east-1 rate, as the README says."""
+    m, provider = ec2
+    priced = AWSProvider({**SETTINGS, "regions": ["us-east-1", "us-west-2"], "ebs_prices": {"us-west-2": 0.096}})
+    west = priced.create_volume("west", 1, "us-west-2a")
+    east = priced.create_volume("east", 1, ZONE)
+    assert (west.price_gb_month, east.price_gb_month) == (pytest.approx(0.096), pytest.approx(0.08))
+    assert {v.name: v.price_gb_month for v in priced.list_volumes()} == {"west": pytest.approx(0.096),
+                                                                         "east": pytest.approx(0.08)}
+    with pytest.raises(UsageError, match="ebs_prices"):
+        AWSProvider({**SETTINGS, "ebs_prices": {"us-west-2": "cheap"}}).list_volumes()
+
+
 def test_without_a_zone_it_goes_to_the_regions_first(ec2):
     m, provider = ec2
     assert provider.create_volume("cache", 1, None).where == "us-east-1a"

@@ -17,7 +17,9 @@ instance once it runs, kept when it ends.
   instances show as ``/dev/xvdf``), formatted when blank and mounted (``playbooks.volumes.Block``).
 - An attach that fails ends the instance (never a machine that bills without its data), keeps the
   volume, and says why in one line.
-- Price: gp3 at $0.08 per GB-month in us-east-1 (aws.amazon.com/ebs/pricing), ``prices.EBS_GB_MONTH``.
+- Price: gp3 at $0.08 per GB-month in us-east-1 (aws.amazon.com/ebs/pricing), ``prices.EBS_GB_MONTH``;
+  in another region the setting ``ebs_prices`` gives that region's rate, else it is costed at the
+  us-east-1 rate (``prices.ebs_gb_month``).
 - Moving a volume to another zone is a snapshot and a restore: orch does not.
 """
 
@@ -34,7 +36,7 @@ from orchestrator.errors import NoCapacity, ProviderError, UsageError
 from orchestrator.provider.model import Mount, Offer, Request, Volume, volume_label
 from playbooks.volumes import Block
 from providers.aws.instances import provider_id
-from providers.aws.prices import EBS_GB_MONTH
+from providers.aws.prices import EBS_GB_MONTH, ebs_gb_month
 from providers.aws.session import AWSError, Session, aws
 
 VOLUME_TAG = "orch:volume"
@@ -64,7 +66,7 @@ def region_of(zone: str) -> str:
     return m[0]
 
 
-def volume(row: dict, region: str) -> Volume | None:
+def volume(row: dict, region: str, gb_month: float = EBS_GB_MONTH) -> Volume | None:
     """A ``describe_volumes`` row as orch's ``Volume``; None when it carries no orch name, or is on its
     way out: EC2 lists a deleted volume as ``deleting``, then ``deleted``, for a while (EC2 API
     reference, Volume ``State``: creating | available | in-use | deleting | deleted | error), and a
@@ -78,7 +80,7 @@ def volume(row: dict, region: str) -> Volume | None:
                      if a.get("State") in ("attaching", "attached") and a.get("InstanceId"))
     return Volume(name=name, provider="aws", volume_id=f"{row['VolumeId']}@{region}",
                   where=str(row.get("AvailabilityZone") or ""), size_gb=int(row.get("Size") or 0),
-                  price_gb_month=EBS_GB_MONTH, attached_to=attached,
+                  price_gb_month=gb_month, attached_to=attached,
                   created_at=created.timestamp() if hasattr(created, "timestamp") else None,
                   raw={"State": row.get("State"), "VolumeType": row.get("VolumeType")})
 
@@ -123,7 +125,7 @@ def create(session: Session, name: str, size_gb: int, where: str | None, poll: f
         raise
     vid = made["VolumeId"]
     row = _await(session, region, vid, lambda r: r.get("State") == "available", poll, "available")
-    return volume(row, region)
+    return volume(row, region, ebs_gb_month(session.settings, region))
 
 
 def list_all(session: Session) -> list[Volume]:
@@ -133,7 +135,8 @@ def list_all(session: Session) -> list[Volume]:
             pages = session.ec2(region).get_paginator("describe_volumes").paginate(
                 Filters=[{"Name": "tag-key", "Values": [VOLUME_TAG]}])
             for page in pages:
-                found += [v for v in (volume(r, region) for r in page.get("Volumes", [])) if v is not None]
+                found += [v for v in (volume(r, region, ebs_gb_month(session.settings, region))
+                                      for r in page.get("Volumes", [])) if v is not None]
     return found
 
 
