@@ -163,6 +163,21 @@ def test_each_node_of_a_group_mounts_its_own_volume(lam, key):
     assert fake.live() == []
 
 
+def test_an_instance_shown_with_another_volume_than_asked_is_terminated(lam, key):
+    """Should Lambda show a new instance mounting another filesystem than its launch named, the launch
+    fails and the instance is terminated: a node never writes another node's volume."""
+    fake, provider = lam
+    mine = provider.create_volume("mine", 10, "us-east-1")
+    provider.create_volume("other", 10, "us-east-1")
+    label = label_for("0123456789ab", "w")
+    fake.inject(200, {"data": {"id": "0" * 32, "name": label, "status": "booting",
+                               "file_system_names": ["orch-vol-other"]}}, method="GET", path=r"^/instances/[0-9a-f]+$")
+    with pytest.raises(ProviderError, match="orch-vol-mine"):
+        provider.create(Request(name="w", gpu="A10", mounts=(Mount(mine, "/data/w"),)), label, key[1])
+    [made] = fake.instances.values()
+    assert made["file_system_names"] == ["orch-vol-mine"] and fake.live() == []
+
+
 @pytest.fixture
 def with_orch(orch_home, tmp_path, monkeypatch):
     """The fake, and orch's config pointing at it: (fake, env for run_orch)."""

@@ -166,18 +166,18 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
         if not remote.label:  # not visible yet: what the launch asked for is what it is
             remote = replace(remote, label=label, price_hr=offer.price_hr, gpu_name=offer.gpu_name, gpus=offer.gpus)
         else:
-            self._check_mounts(remote, request)
+            self._check_mounts(pid, remote, request)
         return remote
 
-    def _check_mounts(self, remote: Remote, request: Request) -> None:
+    def _check_mounts(self, pid: str, remote: Remote, request: Request) -> None:
         """The new instance mounts the filesystems its own request named (its ``file_system_names``,
         Lambda's OpenAPI description, Instance: "The names of the filesystems mounted to the
         instance"), or it is terminated and the launch fails: a node must never write another
         node's volume."""
         missing = volumes.not_mounted(remote.raw, request.mounts)
         if missing:
-            groups.give_back(self, [remote.provider_id])
-            raise LambdaError(f"Lambda Cloud launched {remote.provider_id} without the filesystems it was asked to "
+            groups.give_back(self, [pid])
+            raise LambdaError(f"Lambda Cloud launched {pid} without the filesystems it was asked to "
                               f"mount ({', '.join(missing)}; it shows {remote.raw.get('file_system_names')}): "
                               "terminated")
 

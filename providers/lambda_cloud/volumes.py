@@ -159,8 +159,12 @@ def launch_fields(mounts: tuple[Mount, ...]) -> dict[str, Any]:
 def not_mounted(row: dict, mounts: tuple[Mount, ...]) -> list[str]:
     """The filesystems of ``mounts`` that the instance ``row`` (``GET /instances/{id}``) does not list
     in its ``file_system_names`` (Lambda's OpenAPI description, Instance: "The names of the
-    filesystems mounted to the instance")."""
+    filesystems mounted to the instance") while it lists others: another volume where this one was
+    asked for. An empty list says nothing (the description does not say when a booting instance
+    shows its mounts), so it is no evidence against the launch."""
     shown = row.get("file_system_names") if isinstance(row.get("file_system_names"), list) else []
+    if not shown:
+        return []
     return [volume_label(m.volume.name) for m in mounts if volume_label(m.volume.name) not in shown]
 
 
