@@ -69,6 +69,26 @@ def test_offers_are_the_types_with_capacity_priced_from_cents(lam):
     assert fake.calls("GET", "/instance-types")
 
 
+def test_the_fake_refuses_and_reports_a_field_lambdas_description_does_not_define(tmp_path):
+    """The fake holds orch to Lambda's published request schemas (tests/fakes/lambda_openapi.json): a
+    launch with ``quantity`` (not in v1.10.0's InstanceLaunchRequest) is a 400 naming it, and the
+    test that sent it fails when it leaves the fake."""
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(AssertionError, match="quantity"):
+        with FakeLambda(tmp_path, launch_interval=0) as fake:
+            body = {"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": ["k"],
+                    "quantity": 2}
+            req = urllib.request.Request(f"{fake.url}/instance-operations/launch", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Authorization": f"Bearer {fake.key}",
+                                                                 "Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 400 and "quantity" in refused.value.read().decode()
+            assert fake.instances == {}
+
+
 def test_spot_and_stop_are_refused_in_one_line_and_nothing_is_launched(lam):
     fake, env = lam
     proc = run_orch("up", "s1", "--provider", "lambda", "--gpu", "A10", "--spot", env=env)
