@@ -11,7 +11,7 @@ order. Every node finds the same variables in its environment (``nodes.node_env`
 - **Up.** Every check first (the name, the size, the provider's ``groups`` capability), then every
   node's row (before anything can bill), the provider's ``open_group`` (what the nodes share: a rule
   admitting each other, a placement group) and one ``create_nodes`` call for all of them (EC2's
-  ``MinCount=MaxCount``, Lambda's ``quantity``; one create after another elsewhere); then every node's
+  ``MinCount=MaxCount``; one create after another elsewhere, Lambda's included: its launch makes one); then every node's
   bring-up (SSH, provisioning, the proof) at once, one thread each. The first node that fails calls
   the others' bring-up off (they are waiting or provisioning, not done), and so does Ctrl-C: every
   node made so far is destroyed before the error goes on, and nothing bills.
@@ -187,8 +187,8 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
 
 
 def _create(orch, provider, rows: list[Instance], requests: list[Request], prepare: bool) -> list[Instance]:
-    """Every node made in one call (``RentsGroups.create_nodes``: EC2's MinCount=MaxCount, Lambda's
-    quantity), each row then ``provisioning``; a failure after which the provider may have made some
+    """Every node made in one call (``RentsGroups.create_nodes``: EC2's MinCount=MaxCount; Lambda's
+    one launch per node), each row then ``provisioning``; a failure after which the provider may have made some
     is settled by ``_destroy_group`` (each label looked up)."""
     from orchestrator import config
     from orchestrator.kill_points import kill_point

@@ -8,7 +8,9 @@ EBS gp3: $0.08/GB-month, AWS "Amazon EBS pricing"). So:
   name's claim; an error after which the provider may have made it anyway is looked up by name
   before the row is called failed (a refusal made nothing);
 - **costed** (``cost``): size x $/GB-month x the hours since its creation (to its deletion) / 730,
-  at the price recorded when it was made;
+  at the price recorded when it was made; the size is the one asked for, raised at each reconcile
+  (every reaper pass, ``orch reconcile``) to what the provider lists when that is more (a Lambda
+  filesystem bills the GB it holds, reported as ``bytes_used``: ``_grown``);
 - **reported, never deleted**, by the reaper (``idle``) once unattached for ``volume_idle_days``
   (config.toml, default 7), once per idle stretch with a webhook post (``notify`` event ``volume``);
 - **found again** (``reconcile``, at every ``orch reconcile`` and reaper pass): a volume a provider
@@ -332,7 +334,8 @@ def _settle(orch, provider, row, shown, found: Found) -> None:
     from orchestrator import ledger_volumes as lv
 
     if row.state == lv.READY and shown is not None:
-        return  # in step: no claim, no write
+        _grown(orch, provider, row, shown, found)
+        return  # in step: no claim
     with claims.try_hold(orch.ledger, _claim(row.name)) as mine:
         if not mine:
             return  # an orch process is creating or deleting it right now
@@ -359,6 +362,19 @@ def _settle(orch, provider, row, shown, found: Found) -> None:
                 found.changed.append(f"{row.name}: ready -> deleted (gone at {provider.name})")
         except IllegalTransition:
             pass  # moved meanwhile by the process that holds it now
+
+
+def _grown(orch, provider, row, shown, found: Found) -> None:
+    """The size billed, raised to what the provider lists when that is more: a Lambda filesystem
+    bills per GB used, whatever ``--size`` said (its listing's ``bytes_used``, ``volume``), and a
+    volume grown outside orch bills its new size. Never lowered below what it was recorded at."""
+    from orchestrator import ledger_volumes as lv
+
+    listed = int(shown.size_gb or 0)
+    if listed > (row.size_gb or 0):
+        lv.note(orch.ledger, row.id, f"size refreshed: {provider.name} shows {listed} GB in use (was {row.size_gb} GB)",
+                ACTOR, size_gb=listed)
+        found.changed.append(f"{row.name}: {row.size_gb} GB -> {listed} GB (as {provider.name} shows it)")
 
 
 def _adopt(orch, provider, vol, found: Found) -> None:

@@ -69,6 +69,26 @@ def test_offers_are_the_types_with_capacity_priced_from_cents(lam):
     assert fake.calls("GET", "/instance-types")
 
 
+def test_the_fake_refuses_and_reports_a_field_lambdas_description_does_not_define(tmp_path):
+    """The fake holds orch to Lambda's published request schemas (tests/fakes/lambda_openapi.json): a
+    launch with ``quantity`` (not in v1.10.0's InstanceLaunchRequest) is a 400 naming it, and the
+    test that sent it fails when it leaves the fake."""
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(AssertionError, match="quantity"):
+        with FakeLambda(tmp_path, launch_interval=0) as fake:
+            body = {"region_name": "us-east-1", "instance_type_name": "gpu_1x_a10", "ssh_key_names": ["k"],
+                    "quantity": 2}
+            req = urllib.request.Request(f"{fake.url}/instance-operations/launch", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Authorization": f"Bearer {fake.key}",
+                                                                 "Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=10)
+            assert refused.value.code == 400 and "quantity" in refused.value.read().decode()
+            assert fake.instances == {}
+
+
 def test_spot_and_stop_are_refused_in_one_line_and_nothing_is_launched(lam):
     fake, env = lam
     proc = run_orch("up", "s1", "--provider", "lambda", "--gpu", "A10", "--spot", env=env)
@@ -137,6 +157,22 @@ def test_an_instance_arranged_ready_trains_end_to_end_and_down_terminates_it(lam
 
 
 # -- Lambda's limits ------------------------------------------------------------------------------
+def test_a_launch_whose_new_instance_cannot_be_read_is_kept_never_launched_again(lam, orch_home):
+    """The launch answers the new id; every read of it then meets the API's rate limit (429): the id
+    is kept (the launch happened), never taken for a refused launch and launched again."""
+    fake, env = lam
+    configure(orch_home, "lambda", {"api_key": fake.key, "ssh_user": "root", "poll_seconds": 0.05,
+                                    "destroy_timeout": 20, "launch_interval": 0, "retries": 2})
+    provider = open_orch().provider("lambda")
+    fake.inject(429, "Too Many Requests", method="GET", path=r"^/instances/[0-9a-f]+$", times=2)
+    made = provider.create(Request(name="r", gpu="A10"), label_for("r" * 12, "r"), config.ssh_key()[1])
+    assert [c.status for c in launches(fake)] == [200] and list(fake.instances) == [made.provider_id]
+    assert made.status == Status.PENDING and made.label == label_for("r" * 12, "r")
+    assert provider.get(made.provider_id).label == made.label, "found once the reads are answered"
+    provider.destroy(made.provider_id)
+    assert fake.live() == []
+
+
 def test_a_rate_limited_launch_waits_and_a_taken_region_gives_way_to_the_next(lam, tmp_path):
     fake, _ = lam
     fake.launch_interval = 1.0  # Lambda's own limiter: one launch per interval (12 s there)

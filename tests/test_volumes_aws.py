@@ -68,6 +68,7 @@ def ec2(tmp_path, monkeypatch):
     pytest.importorskip("moto")
     from moto.ec2.exceptions import EC2ClientError
     from moto.ec2.models.elastic_block_store import EBSBackend
+    from moto.ec2.responses.elastic_block_store import ElasticBlockStore
 
     os.makedirs("/dev/disk", exist_ok=True)
     disks = Disks(tmp_path)
@@ -95,6 +96,19 @@ def ec2(tmp_path, monkeypatch):
             return done
 
         monkeypatch.setattr(EBSBackend, "attach_volume", attach_as_ec2)
+        create = ElasticBlockStore.create_volume
+
+        def create_as_ec2(response):
+            # EC2 takes a ClientToken of at most 64 ASCII characters ("Ensure idempotency in Amazon EC2
+            # API requests"); moto takes any. The code is the one EC2 gives a malformed parameter
+            # (EC2 API reference, "Error codes": InvalidParameterValue); the message is ours.
+            token = response._get_param("ClientToken") or ""
+            if len(token) > 64:
+                raise EC2ClientError("InvalidParameterValue", f"Value ({token}) for parameter clientToken is "
+                                     "invalid: longer than 64 characters")
+            return create(response)
+
+        monkeypatch.setattr(ElasticBlockStore, "create_volume", create_as_ec2)
         try:
             yield m, AWSProvider(dict(SETTINGS), home=tmp_path)
         finally:
@@ -130,6 +144,63 @@ def test_a_volume_is_gp3_in_its_zone_tagged_listed_as_orchs_and_deleted_once(ec2
     provider.delete_volume(made)
     provider.delete_volume(made)  # already gone: no error
     assert provider.list_volumes() == []
+
+
+def test_a_long_name_makes_its_volume_and_a_refusal_is_reported_as_aws_says_it(ec2):
+    """A 40-character name (the longest orch takes): the create's idempotency token stays within
+    EC2's 64 characters, and a refusal that is not the zone's is not reported as a bad zone."""
+    m, provider = ec2
+    name = "a-forty-character-volume-name-for-a-test"
+    made = provider.create_volume(name, 1, ZONE)
+    assert made.name == name and len(m.requests("CreateVolume")[0]["ClientToken"]) <= 64
+    from providers.aws import volumes
+
+    short = volumes.client_token
+    try:
+        volumes.client_token = lambda n: "x" * 65  # a refusal of a parameter that is not the zone
+        with pytest.raises(UsageError) as refused:
+            provider.create_volume("other", 1, ZONE)
+    finally:
+        volumes.client_token = short
+    assert "zone" not in str(refused.value).split(":")[0] and "clientToken" in str(refused.value)
+    assert [v.name for v in provider.list_volumes()] == [name]
+
+
+def test_a_volume_ec2_still_lists_as_deleting_is_not_orchs_any_more(ec2, monkeypatch):
+    """EC2 lists a deleted volume as ``deleting`` for a while (moto drops it at once): it is not
+    listed as orch's, so a reconcile never adopts what the user just deleted."""
+    from moto.ec2.models.elastic_block_store import EBSBackend, Volume
+
+    m, provider = ec2
+    made = provider.create_volume("gone", 1, ZONE)
+
+    class Deleting(Volume):
+        status = property(lambda self: "deleting")
+
+    def delete_as_ec2(backend, volume_id):
+        backend.volumes[volume_id].__class__ = Deleting
+        return backend.volumes[volume_id]
+
+    monkeypatch.setattr(EBSBackend, "delete_volume", delete_as_ec2)
+    provider.delete_volume(made)
+    import boto3
+
+    states = [v["State"] for v in boto3.client("ec2", region_name="us-east-1").describe_volumes()["Volumes"]]
+    assert "deleting" in states and provider.list_volumes() == []
+
+
+def test_a_volume_is_priced_at_its_regions_rate_where_one_is_given(ec2):
+    """gp3 costs $0.08/GB-month in us-east-1 (aws.amazon.com/ebs/pricing) and more elsewhere: a region's
+    own rate comes from ``ebs_prices``; without one it is the us-east-1 rate, as the README says."""
+    m, provider = ec2
+    priced = AWSProvider({**SETTINGS, "regions": ["us-east-1", "us-west-2"], "ebs_prices": {"us-west-2": 0.096}})
+    west = priced.create_volume("west", 1, "us-west-2a")
+    east = priced.create_volume("east", 1, ZONE)
+    assert (west.price_gb_month, east.price_gb_month) == (pytest.approx(0.096), pytest.approx(0.08))
+    assert {v.name: v.price_gb_month for v in priced.list_volumes()} == {"west": pytest.approx(0.096),
+                                                                         "east": pytest.approx(0.08)}
+    with pytest.raises(UsageError, match="ebs_prices"):
+        AWSProvider({**SETTINGS, "ebs_prices": {"us-west-2": "cheap"}}).list_volumes()
 
 
 def test_without_a_zone_it_goes_to_the_regions_first(ec2):

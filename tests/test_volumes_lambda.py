@@ -5,6 +5,7 @@ linked to by the playbook), shared by the instances that mount it, deleted once 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from orchestrator.provider.model import Mount
 from playbooks import volumes as mounting
 from providers.lambda_cloud import LambdaProvider
 from tests import netns
+from tests.clouds import configure
+from tests.conftest import run_orch
 from tests.fakes.hosts import sshd_available
 from tests.fakes.lambda_api import FakeLambda
 
@@ -128,6 +131,80 @@ def test_instances_mount_it_at_the_path_asked_or_through_a_link_and_share_its_fi
         provider.destroy(made.provider_id)
     provider.delete_volume(volume)
     assert fake.filesystems == {}
+
+
+def test_each_node_of_a_group_mounts_its_own_volume(lam, key):
+    """Per-node volumes (``data-0`` for node 0, ``data-1`` for node 1): each node's launch names its
+    own filesystem, and node 1 finds data-1's files at the path, not data-0's."""
+    fake, provider = lam
+    key_path, public_key = key
+    vols = [provider.create_volume(f"data-{r}", 10, "us-east-1") for r in range(2)]
+    for r, vol in enumerate(vols):
+        (fake.filesystem_dir(vol.volume_id) / "whose").write_text(f"data-{r}\n")
+    reqs = [Request(name=f"n-{r}", gpu="A10", group="g" * 12, node_rank=r, nodes=2,
+                    mounts=(Mount(vols[r], "/data/d"),)) for r in range(2)]
+    labels = [label_for(f"gggggggggg{r:02d}", f"n-{r}") for r in range(2)]
+    provider.open_group("g" * 12, reqs[0])
+    made = provider.create_nodes(reqs, labels, public_key)
+    sent = fake.calls("POST", r"^/instance-operations/launch$")
+    assert [c.body["file_system_names"] for c in sent] == [["orch-vol-data-0"], ["orch-vol-data-1"]]
+    assert [fake.instances[r.provider_id]["file_system_names"] for r in made] == [["orch-vol-data-0"],
+                                                                                  ["orch-vol-data-1"]]
+    up = reach.wait_ssh(provider, made[1].provider_id, 30, interval=0.05)
+    conn = ssh.connect(up.endpoint.host, up.endpoint.port, up.endpoint.user, key_path, None)
+    try:
+        assert mounting.prepare(conn, provider.mount_steps(reqs[1].mounts)) == {"/data/d": "present"}
+        assert ssh.run(conn, "cat /data/d/whose").strip() == "data-1"
+    finally:
+        conn.close()
+    for remote in made:
+        provider.destroy(remote.provider_id)
+    provider.close_group("g" * 12)
+    assert fake.live() == []
+
+
+def test_an_instance_shown_with_another_volume_than_asked_is_terminated(lam, key):
+    """Should Lambda show a new instance mounting another filesystem than its launch named, the launch
+    fails and the instance is terminated: a node never writes another node's volume."""
+    fake, provider = lam
+    mine = provider.create_volume("mine", 10, "us-east-1")
+    provider.create_volume("other", 10, "us-east-1")
+    label = label_for("0123456789ab", "w")
+    fake.inject(200, {"data": {"id": "0" * 32, "name": label, "status": "booting",
+                               "file_system_names": ["orch-vol-other"]}}, method="GET", path=r"^/instances/[0-9a-f]+$")
+    with pytest.raises(ProviderError, match="orch-vol-mine"):
+        provider.create(Request(name="w", gpu="A10", mounts=(Mount(mine, "/data/w"),)), label, key[1])
+    [made] = fake.instances.values()
+    assert made["file_system_names"] == ["orch-vol-mine"] and fake.live() == []
+
+
+@pytest.fixture
+def with_orch(orch_home, tmp_path, monkeypatch):
+    """The fake, and orch's config pointing at it: (fake, env for run_orch)."""
+    with FakeLambda(tmp_path, launch_interval=0) as fake:
+        monkeypatch.setenv("LAMBDA_API_BASE_URL", fake.url)
+        monkeypatch.delenv("LAMBDA_API_KEY", raising=False)
+        configure(orch_home, "lambda", {"api_key": fake.key, "retries": 2}, volume_idle_days=0)
+        yield fake, {"LAMBDA_API_BASE_URL": fake.url}
+
+
+def test_a_filesystem_is_costed_at_the_bytes_it_holds_not_the_size_typed(with_orch):
+    """Lambda bills a filesystem per GB used: typed 10 GB, holding 5 TB, it costs 5 TB's $1,000 a month
+    in `volume ls`, `orch cost` and the idle report once a reconcile (every reaper pass) has read
+    ``bytes_used``."""
+    fake, env = with_orch
+    run_orch("volume", "create", "big", "--provider", "lambda", "--size", 10, "--region", "us-east-1", env=env, check=0)
+    [fs] = fake.filesystems.values()
+    fake.bytes_used[fs["id"]] = 5 * 10**12
+    assert "big: 10 GB -> 5000 GB" in run_orch("reconcile", env=env, check=0).stdout
+    [row] = json.loads(run_orch("volume", "ls", "--json", env=env, check=0).stdout)
+    assert (row["size_gb"], row["usd_month"]) == (5000, pytest.approx(1000.0))
+    [cost] = json.loads(run_orch("cost", "--json", env=env, check=0).stdout)["volumes"]
+    assert (cost["size_gb"], cost["usd_month"]) == (5000, pytest.approx(1000.0))
+    assert "billing $1000.00/month" in run_orch("reap", env=env, check=0).stdout
+    fake.bytes_used[fs["id"]] = 10**9  # emptied: the row keeps what it billed at, never less
+    run_orch("reconcile", env=env, check=0)
+    assert json.loads(run_orch("volume", "ls", "--json", env=env, check=0).stdout)[0]["size_gb"] == 5000
 
 
 netns.isolate(globals())

@@ -60,8 +60,9 @@ class RentsGroups(ABC):
         """Create a group's nodes (``requests`` and ``labels`` in rank order) and return them in that
         order, all or nothing: on failure what was made is destroyed before the error is raised (the
         caller still looks each label up before it gives up). A provider whose API launches many
-        instances in one request (EC2's ``MinCount=MaxCount``, Lambda's ``quantity``) overrides this;
-        the default creates one node after another."""
+        instances in one request (EC2's ``MinCount=MaxCount``), or must launch them its own way
+        (Lambda: one type in one region, each node its own launch), overrides this; the default
+        creates one node after another."""
         made: list[Remote] = []
         try:
             for request, label in zip(requests, labels):

@@ -6,6 +6,7 @@ optional: ``profile``, ``region`` (where instances are made; default: the AWS co
 newest Deep Learning AMI by ``ami_name``/``ami_owner``), ``ssh_user`` ("ubuntu"), ``ssh_cidr`` ("0.0.0.0/0"),
 ``security_group`` ("orch-ssh"), ``cpu_instance_type`` ("m6i.large", for --cpu), ``shutdown_behavior`` ("stop" or
 "terminate"), ``address`` ("public", or "private" over a VPN), ``on_demand_prices`` ($/hr by type),
+``ebs_prices`` (gp3 $/GB-month by region; default: the us-east-1 rate, $0.08),
 ``poll_seconds`` (2), ``stop_timeout``/``destroy_timeout`` (600 s), ``retries`` (5).
 
 ``compute`` the verbs, ``session`` boto3's clients, regions and errors, ``settings`` the settings' checks,

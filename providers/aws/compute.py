@@ -15,6 +15,7 @@ from orchestrator.provider.model import Volume
 from providers.aws import groups, instances, launch, network, self_stop, volumes
 from providers.aws.instances import provider_id, split_id
 from providers.aws.offers import check_request, list_offers
+from providers.aws.prices import ebs_gb_month
 from providers.aws.session import AWSError, Session, aws, credentials_found
 from providers.aws.settings import check as check_settings
 
@@ -200,7 +201,8 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups, HasVolumes):
 
     # -- helpers ----------------------------------------------------------------------------
     def _remote(self, inst: dict, region: str) -> Remote:
-        return instances.remote(inst, region, self.ssh_user, self.settings.get("address") == "private")
+        return instances.remote(inst, region, self.ssh_user, self.settings.get("address") == "private",
+                                ebs_gb_month(self.settings, region))
 
     def _await(self, provider_id: str, wanted: set[Status], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

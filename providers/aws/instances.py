@@ -38,7 +38,7 @@ def number(text: Any) -> float | None:
     return value if value == value and value >= 0 else None
 
 
-def remote(inst: dict, region: str, ssh_user: str, private: bool = False) -> Remote:
+def remote(inst: dict, region: str, ssh_user: str, private: bool = False, gb_month: float = EBS_GB_MONTH) -> Remote:
     """``inst`` (one of describe_instances' or run_instances' Instances) as a ``Remote``; its route is
     its public address, or its private one (``private``: over a VPN)."""
     state = (inst.get("State") or {}).get("Name")
@@ -49,7 +49,7 @@ def remote(inst: dict, region: str, ssh_user: str, private: bool = False) -> Rem
     ip = inst.get("PrivateIpAddress" if private else "PublicIpAddress")
     endpoint = Endpoint(ip, 22, ssh_user) if status == Status.RUNNING and isinstance(ip, str) and ip else None
     disk, price = number(tags.get("orch:disk-gb")), number(tags.get("orch:price-hr"))
-    disk_hr = stopped_rate(disk, EBS_GB_MONTH) if disk else None
+    disk_hr = stopped_rate(disk, gb_month) if disk else None
     gpus = int(number(tags.get("orch:gpus")) or 0)
     zone = (inst.get("Placement") or {}).get("AvailabilityZone") or region
     return Remote(

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator import gpus as gpu_names
 from orchestrator.errors import UsageError
 from orchestrator.provider import Offer, Request
-from providers.aws.prices import EBS_GB_MONTH, Zones, price_table, spot_prices
+from providers.aws.prices import EBS_GB_MONTH, Zones, ebs_gb_month, price_table, spot_prices
 from providers.aws.session import REGION, Session, aws, family
 
 # The families the default Deep Learning AMI (OSS Nvidia driver, PyTorch 2.9, Ubuntu 24.04) runs: G4dn,
@@ -77,7 +77,8 @@ def gpu_types(session: Session, region: str) -> list[dict]:
 
 
 # -- the listing ---------------------------------------------------------------------------------
-def offer(t: dict, region: str, price: float | None, source: str, zones: Zones) -> Offer | None:
+def offer(t: dict, region: str, price: float | None, source: str, zones: Zones,
+          gb_month: float = EBS_GB_MONTH) -> Offer | None:
     """One row: a type in a region. Its ``raw`` keeps what a create renting it as listed needs (the
     type, and the spot price of every zone, cheapest first), so it need not ask EC2 again."""
     itype, count = t["InstanceType"], gpu_count(t)
@@ -94,7 +95,7 @@ def offer(t: dict, region: str, price: float | None, source: str, zones: Zones) 
         vram_gb=round(memory / 1024, 1), price_hr=price,
         spot_hr=spot[1][0] if spot else None, min_bid_per_gpu=spot[1][0] / max(count, 1) if spot else None,
         # The root volume (EBS gp3) bills on top of the instance, running and stopped.
-        disk_gb_month=EBS_GB_MONTH, disk_gb_month_stopped=EBS_GB_MONTH, disk_included=False,
+        disk_gb_month=gb_month, disk_gb_month_stopped=gb_month, disk_included=False,
         location=region, stock=f"spot cheapest in {spot[0]}" if spot else None, note="; ".join(notes),
         raw={"type": itype, "spot_zone": spot[0] if spot else None,
              "spot_zones": {z: p for z, (p, _) in sorted(zones.items(), key=lambda z: (z[1][0], z[0]))}},
@@ -114,7 +115,8 @@ def list_offers(session: Session, request: Request, regions: list[str]) -> list[
                                              if "spot" in (t.get("SupportedUsageClasses") or ["spot"])])
         table, source = price_table(session.settings, region)
         for t in types:
-            row = offer(t, region, table.get(t["InstanceType"]), source, spot.get(t["InstanceType"], {}))
+            row = offer(t, region, table.get(t["InstanceType"]), source, spot.get(t["InstanceType"], {}),
+                        ebs_gb_month(session.settings, region))
             if row is not None:
                 found.append(row)
     found.sort(key=lambda o: (o.spot_hr if request.spot else o.price_hr) or float("inf"))

@@ -25,9 +25,12 @@ ON_DEMAND = {"us-east-1": {
     "p3.2xlarge": 3.06, "p3.8xlarge": 12.24, "p3.16xlarge": 24.48,
     "m6i.large": 0.096, "m6i.xlarge": 0.192, "c6i.large": 0.085, "c6i.xlarge": 0.17, "t3.medium": 0.0416,
 }}
-# gp3 root volumes, us-east-1 (aws.amazon.com/ebs/pricing): billed while the instance runs and while
-# it is stopped, until it is terminated.
+# gp3 $/GB-month in us-east-1 (aws.amazon.com/ebs/pricing): a root volume bills while the instance runs
+# and while it is stopped, until it is terminated; a data volume from its create to its delete. Other
+# regions charge other rates, and orch holds no dated list of them: there, this is the us-east-1 rate
+# unless ``ebs_prices`` (a table of region = $/GB-month) names the region's own (``ebs_gb_month``).
 EBS_GB_MONTH = 0.08
+EBS_REGION = "us-east-1"
 LINUX = ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"]
 
 Zones = dict[str, tuple[float, datetime]]  # zone: (latest spot price, since)
@@ -42,6 +45,12 @@ def price_table(settings: dict[str, Any], region: str) -> tuple[dict[str, float]
         table.update({k: float(v) for k, v in mine.items()})
         source = "[providers.aws] on_demand_prices" + (f", else {ON_DEMAND_SOURCE}" if source else "")
     return table, source
+
+
+def ebs_gb_month(settings: dict[str, Any], region: str) -> float:
+    """gp3 $/GB-month in ``region``: the ``ebs_prices`` setting's for it, else the us-east-1 rate."""
+    mine = settings.get("ebs_prices") or {}
+    return float(mine[region]) if region in mine else EBS_GB_MONTH
 
 
 def spot_prices(session: Session, region: str, types: list[str]) -> dict[str, Zones]:

@@ -31,8 +31,9 @@ def check(settings: dict[str, Any]) -> None:
         raise UsageError("[providers.aws] shutdown_behavior must be stop or terminate")
     if settings.get("address", "public") not in ("public", "private"):
         raise UsageError("[providers.aws] address must be public or private")
-    prices = settings.get("on_demand_prices", {})
-    if not isinstance(prices, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
-            for v in prices.values()):
-        raise UsageError("[providers.aws] on_demand_prices must be a table of instance type = $/hr")
+    for key, what in (("on_demand_prices", "instance type = $/hr"), ("ebs_prices", "region = $/GB-month")):
+        prices = settings.get(key, {})
+        if not isinstance(prices, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+                for v in prices.values()):
+            raise UsageError(f"[providers.aws] {key} must be a table of {what}")

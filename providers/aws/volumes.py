@@ -17,12 +17,15 @@ instance once it runs, kept when it ends.
   instances show as ``/dev/xvdf``), formatted when blank and mounted (``playbooks.volumes.Block``).
 - An attach that fails ends the instance (never a machine that bills without its data), keeps the
   volume, and says why in one line.
-- Price: gp3 at $0.08 per GB-month in us-east-1 (aws.amazon.com/ebs/pricing), ``prices.EBS_GB_MONTH``.
+- Price: gp3 at $0.08 per GB-month in us-east-1 (aws.amazon.com/ebs/pricing), ``prices.EBS_GB_MONTH``;
+  in another region the setting ``ebs_prices`` gives that region's rate, else it is costed at the
+  us-east-1 rate (``prices.ebs_gb_month``).
 - Moving a volume to another zone is a snapshot and a restore: orch does not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
@@ -33,13 +36,17 @@ from orchestrator.errors import NoCapacity, ProviderError, UsageError
 from orchestrator.provider.model import Mount, Offer, Request, Volume, volume_label
 from playbooks.volumes import Block
 from providers.aws.instances import provider_id
-from providers.aws.prices import EBS_GB_MONTH
+from providers.aws.prices import EBS_GB_MONTH, ebs_gb_month
 from providers.aws.session import AWSError, Session, aws
 
 VOLUME_TAG = "orch:volume"
 DEVICES = "fghijklmnop"  # /dev/sdf ... /dev/sdp: the names EC2 recommends for EBS data volumes
 _ID = re.compile(r"(?P<vid>vol-[0-9a-f]{8,17})@(?P<region>[a-z]{2}(-[a-z]+)+-\d+)")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-\d+")
+# The codes that blame the zone itself (EC2 API reference, "Error codes": InvalidAvailabilityZone,
+# InvalidZone.NotFound); InvalidParameterValue blames the zone only when its message names it.
+ZONE_ERRORS = ("InvalidAvailabilityZone", "InvalidZone.NotFound")
+GOING = ("deleting", "deleted")
 WAIT_S = 600.0  # how long a new volume may take to be available, an instance to run, an attach to finish
 
 
@@ -59,18 +66,21 @@ def region_of(zone: str) -> str:
     return m[0]
 
 
-def volume(row: dict, region: str) -> Volume | None:
-    """A ``describe_volumes`` row as orch's ``Volume``; None when it carries no orch name."""
+def volume(row: dict, region: str, gb_month: float = EBS_GB_MONTH) -> Volume | None:
+    """A ``describe_volumes`` row as orch's ``Volume``; None when it carries no orch name, or is on its
+    way out: EC2 lists a deleted volume as ``deleting``, then ``deleted``, for a while (EC2 API
+    reference, Volume ``State``: creating | available | in-use | deleting | deleted | error), and a
+    volume listed so is no volume to adopt again or to mount."""
     tags = {t.get("Key"): t.get("Value") for t in row.get("Tags") or [] if isinstance(t, dict)}
     name = tags.get(VOLUME_TAG)
-    if not name:
+    if not name or row.get("State") in GOING:
         return None
     created = row.get("CreateTime")
     attached = tuple(provider_id(a["InstanceId"], region) for a in row.get("Attachments") or []
                      if a.get("State") in ("attaching", "attached") and a.get("InstanceId"))
     return Volume(name=name, provider="aws", volume_id=f"{row['VolumeId']}@{region}",
                   where=str(row.get("AvailabilityZone") or ""), size_gb=int(row.get("Size") or 0),
-                  price_gb_month=EBS_GB_MONTH, attached_to=attached,
+                  price_gb_month=gb_month, attached_to=attached,
                   created_at=created.timestamp() if hasattr(created, "timestamp") else None,
                   raw={"State": row.get("State"), "VolumeType": row.get("VolumeType")})
 
@@ -85,6 +95,16 @@ def default_zone(session: Session, region: str) -> str:
     return names[0]
 
 
+def client_token(name: str) -> str:
+    """``CreateVolume``'s idempotency token, within EC2's 64 characters ("Ensure idempotency in Amazon
+    EC2 API requests": "a unique, case-sensitive string of up to 64 ASCII characters"; botocore's
+    model leaves the length unchecked): ``orch-vol-`` (9), 12 hex of the name's SHA-256, a dash, 32
+    random hex: 54 characters for any name. The name is hashed, not written out: a 40-character
+    name made an 81-character token, which EC2 refused."""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"orch-vol-{digest}-{uuid.uuid4().hex}"
+
+
 def create(session: Session, name: str, size_gb: int, where: str | None, poll: float) -> Volume:
     zone = where or default_zone(session, session.region)
     region = region_of(zone)
@@ -94,15 +114,18 @@ def create(session: Session, name: str, size_gb: int, where: str | None, poll: f
     try:
         with aws(f"create_volume {label} in {zone}"):
             made = session.ec2(region).create_volume(
-                AvailabilityZone=zone, Size=int(size_gb), VolumeType="gp3", ClientToken=f"{label}-{uuid.uuid4().hex}",
+                AvailabilityZone=zone, Size=int(size_gb), VolumeType="gp3", ClientToken=client_token(name),
                 TagSpecifications=[{"ResourceType": "volume", "Tags": tags}])
     except AWSError as e:
-        if e.code in ("InvalidParameterValue", "InvalidAvailabilityZone", "InvalidZone.NotFound"):
+        zone_named = "zone" in str(e).lower()
+        if e.code in ZONE_ERRORS or (e.code == "InvalidParameterValue" and zone_named):
             raise UsageError(f"AWS refused zone {zone!r} for a volume: {e}") from None
+        if e.code == "InvalidParameterValue":  # a refusal of what was asked, made nothing: said as AWS says it
+            raise UsageError(f"AWS refused to create volume {name} ({size_gb} GB gp3 in {zone}): {e}") from None
         raise
     vid = made["VolumeId"]
     row = _await(session, region, vid, lambda r: r.get("State") == "available", poll, "available")
-    return volume(row, region)
+    return volume(row, region, ebs_gb_month(session.settings, region))
 
 
 def list_all(session: Session) -> list[Volume]:
@@ -112,7 +135,8 @@ def list_all(session: Session) -> list[Volume]:
             pages = session.ec2(region).get_paginator("describe_volumes").paginate(
                 Filters=[{"Name": "tag-key", "Values": [VOLUME_TAG]}])
             for page in pages:
-                found += [v for v in (volume(r, region) for r in page.get("Volumes", [])) if v is not None]
+                found += [v for v in (volume(r, region, ebs_gb_month(session.settings, region))
+                                      for r in page.get("Volumes", [])) if v is not None]
     return found
 
 

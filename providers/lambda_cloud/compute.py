@@ -77,7 +77,7 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
 
     def create(self, request: Request, label: str, public_key: str) -> Remote:
         candidates = self._rentable(request)
-        return self._launch(candidates, request, label, self._ensure_key(public_key))
+        return self.launch_one(candidates, request, label, self._ensure_key(public_key))[2]
 
     def _rentable(self, request: Request) -> list:
         """Where ``request`` can be rented now (one node, or a group's), checked first: one line when not."""
@@ -89,25 +89,27 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
             raise NoCapacity(f"Lambda Cloud has no capacity for {wanted(request)} in any region right now")
         return candidates
 
-    def _launch(self, candidates: list[Offer], request: Request, label: str, key: str) -> Remote:
-        """Launch the cheapest candidate in a region with capacity (``send_launch``); after an answer that
-        may hide a launch, look for it by its label, never launch blind again."""
+    def launch_one(self, candidates: list[Offer], request: Request, label: str, key: str,
+                   leader: bool = False) -> tuple[Offer, str, Remote]:
+        """(offer, region, the instance): the cheapest candidate launched in a region with capacity
+        (``send_launch``); after an answer that may hide a launch, looked for by its label, never
+        launched blind again."""
         try:
-            offer, _, answer = self.send_launch(candidates, request, label, key)
+            offer, region, answer = self.send_launch(candidates, request, label, key, leader)
         except LostLaunch as lost:
-            return look_for(self, label, lost.error)
-        return self._launched(answer, offer, label)
+            return lost.offer, lost.region, look_for(self, label, lost.error)
+        return offer, region, self._launched(answer, offer, label, request)
 
     def send_launch(self, candidates: list[Offer], request: Request, name: str, key: str,
-                    quantity: int = 1) -> tuple[Offer, str, Any]:
+                    leader: bool = False) -> tuple[Offer, str, Any]:
         """(offer, region, the launch's answer): the candidates in each of their regions with capacity,
-        in turn, until one launches ``quantity`` instances named ``name``; a region whose capacity was
-        taken meanwhile gives way to the next. A group's node launches only as the group's type in the
-        group's region (``groups.chosen``); a group's one launch (``quantity`` > 1) tries the group's
-        choice first, then any other, since nothing of it is made yet. Raises ``LostLaunch`` after an
-        answer that may hide a launch."""
+        in turn, until one launches an instance named ``name`` with ``request``'s volumes; a region
+        whose capacity was taken meanwhile gives way to the next. A group's node launches only as the
+        group's type in the group's region (``groups.chosen``), except its first (``leader``), which
+        tries the group's choice first, then any other, since nothing of the group is made yet.
+        Raises ``LostLaunch`` after an answer that may hide a launch."""
         group = groups.chosen(request.group)
-        alone = quantity == 1 and group is not None  # one node of a group that exists: its type, its region
+        alone = not leader and group is not None  # one node of a group that exists: its type, its region
         wanted_region = volumes.region(request, self.settings.get("region") or (group[1] if alone else None))
         queue = [(o, r) for o in candidates for r in o.raw["regions"] if not wanted_region or r == wanted_region]
         if alone:
@@ -120,7 +122,7 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
             raise NoCapacity(f"Lambda Cloud has no capacity for {asked(request)} {where}")
         while queue:
             offer, region = queue[0]
-            body = launch_body(offer, region, request.image or self.settings.get("image"), name, key, quantity)
+            body = launch_body(offer, region, request.image or self.settings.get("image"), name, key)
             body.update(volumes.launch_fields(request.mounts))
             try:
                 return offer, region, self.api.launch(body)
@@ -138,22 +140,46 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
         raise NoCapacity(f"Lambda Cloud lost its capacity for {asked(request)} {where} before the launch: try again")
 
     def create_nodes(self, requests: list[Request], labels: list[str], public_key: str) -> list[Remote]:
-        """A group's nodes in one launch with ``quantity`` N, one type in one region, each renamed to its
-        node's label; all or nothing (``groups.launch``)."""
+        """A group's nodes, one launch each (its own label, its own volumes), one type in one region;
+        all or nothing (``groups.launch``)."""
         if len(requests) < 2:
             return super().create_nodes(requests, labels, public_key)
         candidates = self._rentable(requests[0])
         return groups.launch(self, requests, labels, self._ensure_key(public_key), candidates)
 
-    def _launched(self, answer: Any, offer: Offer, label: str) -> Remote:
+    def _launched(self, answer: Any, offer: Offer, label: str, request: Request) -> Remote:
         ids = answer.get("instance_ids") if isinstance(answer, dict) else None
-        if not isinstance(ids, list) or len(ids) != 1:
+        if not isinstance(ids, list) or len(ids) != 1 or not isinstance(ids[0], str):
             raise LambdaError(f"Lambda Cloud's launch answered without one instance id: {ids}")
-        self.just_made.made(str(ids[0]))
-        remote = self.get(str(ids[0]))
+        pid = ids[0]
+        self.just_made.made(pid)
+        try:
+            remote = self.get(pid)
+        except ERRORS as e:
+            # The launch was answered with its id: it happened, whatever this read meets (a 429 on
+            # every retry: "Requests to the API are generally limited to one request per second",
+            # the description's preamble). Raising here would lose the id, and a caller that reads
+            # the error as a refused launch launches again: two machines. The id is kept; the wait
+            # for SSH reads it again.
+            return Remote(provider_id=pid, label=label, status=Status.PENDING, price_hr=offer.price_hr,
+                          gpu_name=offer.gpu_name, gpus=offer.gpus, detail=f"launched; not read yet ({e})"[:200])
         if not remote.label:  # not visible yet: what the launch asked for is what it is
             remote = replace(remote, label=label, price_hr=offer.price_hr, gpu_name=offer.gpu_name, gpus=offer.gpus)
+        else:
+            self._check_mounts(pid, remote, request)
         return remote
+
+    def _check_mounts(self, pid: str, remote: Remote, request: Request) -> None:
+        """The new instance mounts the filesystems its own request named (its ``file_system_names``,
+        Lambda's OpenAPI description, Instance: "The names of the filesystems mounted to the
+        instance"), or it is terminated and the launch fails: a node must never write another
+        node's volume."""
+        missing = volumes.not_mounted(remote.raw, request.mounts)
+        if missing:
+            groups.give_back(self, [pid])
+            raise LambdaError(f"Lambda Cloud launched {pid} without the filesystems it was asked to "
+                              f"mount ({', '.join(missing)}; it shows {remote.raw.get('file_system_names')}): "
+                              "terminated")
 
     def get(self, provider_id: str) -> Remote:
         try:
@@ -240,10 +266,11 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
         return f"not in the Lambda account yet: the first `orch up` adds it as SSH key {keys.key_name(public_key)!r}"
 
 
-def launch_body(offer: Offer, region: str, image: str | None, label: str, key: str, quantity: int = 1) -> dict:
-    """The launch of ``quantity`` instances of ``offer`` in ``region`` (Lambda's InstanceLaunchRequest)."""
+def launch_body(offer: Offer, region: str, image: str | None, label: str, key: str) -> dict:
+    """The launch of one instance of ``offer`` in ``region`` (Lambda's InstanceLaunchRequest, v1.10.0:
+    no ``quantity``, so one launch makes one instance)."""
     body: dict[str, Any] = {"region_name": region, "instance_type_name": offer.offer_id, "ssh_key_names": [key],
-                            "file_system_names": [], "quantity": quantity, "name": label}
+                            "file_system_names": [], "name": label}
     if image:
         body["image"] = {"id": image} if re.fullmatch(r"[0-9a-f]{32}", image) else {"family": image}
     return body

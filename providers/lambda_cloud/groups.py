@@ -1,4 +1,4 @@
-"""A group's nodes: one instance type, one region, one launch.
+"""A group's nodes: one instance type, one region, one launch per node.
 
 Instances of one Lambda region reach each other at their ``private_ip``; no private network spans
 regions. So a group's nodes all launch in one region, as SkyPilot's Lambda provisioner does
@@ -7,24 +7,26 @@ launches every node of a cluster in the one region it is given, and ``get_cluste
 node's ``private_ip`` as its internal address), and of one instance type: a multi-node run expects
 the same GPUs on every node.
 
-The nodes are one ``POST /instance-operations/launch`` with ``quantity`` N (Lambda's API reference,
-launchInstance: "Launches one or more instances of a given instance type", ``quantity``: "Number of
-instances to launch"; SkyPilot launches its workers so), which answers every new instance's id.
-Launches are rate-limited (one per 12 s): a group of N is one launch, not N. The launch names
-every instance after the first node; the others are then renamed to their own node's label
-(``POST /instances/{id}``, "Update instance details": ``name``), so ``find(label)`` finds each.
-All or nothing: should any of that fail, every instance the launch made is terminated first.
+Each node is its own ``POST /instance-operations/launch``, named with its own label and carrying its
+own request's ``file_system_names``/``file_system_mounts`` (a per-node volume is that node's alone).
+Lambda's OpenAPI description v1.10.0 (https://cloud.lambda.ai/api/v1/openapi.json, as mirrored from
+https://docs.lambda.ai/api/cloud/spec.json on 2026-05-23; vendored in tests/fakes/lambda_openapi.json)
+has no ``quantity`` in InstanceLaunchRequest: a launch makes one instance. Launches are rate-limited
+("one request per 12 seconds, or five requests per minute", the description's preamble), so the nodes
+of a group of N launch ``launch_interval`` apart (``api.Session.launch``): about 12 s x (N - 1).
+
+Node 0 takes the group's chosen (type, region) first, else the next with capacity; every later node
+launches only as node 0 did (``send_launch``'s group rule), and a region that runs out of capacity
+half-way fails the group. All or nothing: should any node fail, every node already made is
+terminated before the error (which carries ``node_rank``, as ``RentsGroups.create_nodes`` does).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
-
 from orchestrator import parallel as par
 from orchestrator.errors import NoCapacity, ProviderError
 from orchestrator.provider import Offer, Remote, Request
-from providers.lambda_cloud.api import ERRORS, LAUNCH_LOOKUP_SECONDS, LambdaError, LostLaunch, lambda_id
+from providers.lambda_cloud.api import ERRORS, lambda_id
 
 # The (instance type, region) each group's nodes launch as, shared by the provider objects its nodes use.
 _GROUPS: dict[str, tuple[str, str]] = {}
@@ -55,70 +57,19 @@ def forget(group: str) -> None:
 
 
 def launch(provider, requests: list[Request], labels: list[str], key: str, candidates: list[Offer]) -> list[Remote]:
-    """Every node of a group in one launch (``quantity``), renamed to its own label; rank order."""
-    count, first = len(requests), requests[0]
-    made: list[str] = []
+    """Every node of a group, one launch each (its own name and volumes), rank order; all or nothing."""
+    made: list[Remote] = []
     try:
-        try:
-            offer, region, answer = provider.send_launch(candidates, first, labels[0], key, quantity=count)
-            ids = answer.get("instance_ids") if isinstance(answer, dict) else None
-            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-                raise LambdaError(f"Lambda Cloud's launch of {count} answered without instance ids: {ids}")
-            made = list(ids)
-        except LostLaunch as lost:  # the answer was lost: look for what it made, by its name
-            offer, region = lost.offer, lost.region
-            try:
-                made = _look_for(provider, labels[0], count, lost.error)
-            except _Partial as partial:
-                made = partial.found
-                raise
-        for pid in made:
-            provider.just_made.made(pid)
-        if len(made) != count:
-            raise LambdaError(f"Lambda Cloud launched {len(made)} instances for a group of {count}: {made}")
-        for pid, label in zip(made[1:], labels[1:]):
-            provider.api.call("POST", f"/instances/{lambda_id(pid)}", {"name": label})
-        remember(first.group, offer.offer_id, region)
-        return [_made(provider, pid, offer, label) for pid, label in zip(made, labels)]
-    except BaseException:
-        give_back(provider, made)
+        for rank, (request, label) in enumerate(zip(requests, labels)):
+            offer, region, remote = provider.launch_one(candidates, request, label, key, leader=rank == 0)
+            made.append(remote)
+            if rank == 0:  # where node 0 went, every other node goes
+                remember(request.group, offer.offer_id, region)
+        return made
+    except BaseException as e:
+        e.node_rank = len(made)  # which node failed, for the caller's message
+        give_back(provider, [r.provider_id for r in made])
         raise
-
-
-def _made(provider, pid: str, offer: Offer, label: str) -> Remote:
-    remote = provider.get(pid)
-    if remote.label != label:  # not visible yet: what the launch asked for is what it is
-        remote = replace(remote, label=label, price_hr=offer.price_hr, gpu_name=offer.gpu_name, gpus=offer.gpus)
-    return remote
-
-
-def _look_for(provider, name: str, count: int, error: ProviderError) -> list[str]:
-    """After a group launch whose answer was lost: its instances by the name it gave them, looked for
-    ``launch_lookup_seconds``. All of them, or the error (those that showed are terminated by the
-    caller); never a second launch."""
-    window = provider.number("launch_lookup_seconds", LAUNCH_LOOKUP_SECONDS)
-    deadline = time.monotonic() + window
-    while True:
-        try:
-            found, failed = [r.provider_id for r in provider.list() if r.label == name], None
-        except ProviderError as e:
-            found, failed = [], e
-        if len(found) >= count or time.monotonic() >= deadline:
-            break
-        time.sleep(max(provider.poll_seconds, 0.05))
-    if len(found) == count:
-        return found
-    seen = f"the listing failed too ({failed})" if failed else f"{len(found)} of its {count} instances showed"
-    # Those that showed are given back with the rest (``launch``); the message says what is known.
-    raise _Partial(f"Lambda Cloud's launch of group {name} failed ({error}), and {seen} within {window:g} s: "
-                   "orch sends no second launch, and terminates what showed; the next reaper pass (or `orch "
-                   "reconcile`) adopts any that shows later", found)
-
-
-class _Partial(ProviderError):
-    def __init__(self, message: str, found: list[str]):
-        super().__init__(message)
-        self.found = found
 
 
 def give_back(provider, ids: list[str]) -> None:

@@ -156,6 +156,18 @@ def launch_fields(mounts: tuple[Mount, ...]) -> dict[str, Any]:
             **({"file_system_mounts": direct} if direct else {})}
 
 
+def not_mounted(row: dict, mounts: tuple[Mount, ...]) -> list[str]:
+    """The filesystems of ``mounts`` that the instance ``row`` (``GET /instances/{id}``) does not list
+    in its ``file_system_names`` (Lambda's OpenAPI description, Instance: "The names of the
+    filesystems mounted to the instance") while it lists others: another volume where this one was
+    asked for. An empty list says nothing (the description does not say when a booting instance
+    shows its mounts), so it is no evidence against the launch."""
+    shown = row.get("file_system_names") if isinstance(row.get("file_system_names"), list) else []
+    if not shown:
+        return []
+    return [volume_label(m.volume.name) for m in mounts if volume_label(m.volume.name) not in shown]
+
+
 def mount_steps(mounts) -> list:
     """Mounted at its path where Lambda could; elsewhere a link from the path to its default mount."""
     return [Present(m.path) if MOUNTABLE.fullmatch(m.path) else

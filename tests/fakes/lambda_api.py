@@ -13,13 +13,10 @@ lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes
   ``ssh_key_names`` (spec InstanceLaunchRequest) and answers ``{"instance_ids": [...]}``. A region
   without capacity for the type answers 400 ``instance-operations/launch/insufficient-capacity``
   (spec ApiErrorInsufficientCapacity); an unknown type or key 404 ``global/object-does-not-exist``.
-- ``quantity`` launches that many instances of the type, all with the launch's ``name``, and the
-  answer lists every new id (Lambda's API reference v1.5.1, launchInstance: "Launches one or more
-  instances of a given instance type", ``quantity``: "Number of instances to launch", as generated
-  into konfig-sdks/lambda-python-sdk, InstanceCreateInstancesRequest; SkyPilot's
-  sky/provision/lambda_cloud/instance.py launches its workers with ``quantity``). The reference
-  documents no partial launch: short of capacity for them all (``capacity[(type, region)]``, how
-  many more a region can launch), the launch is refused whole and makes none.
+- A launch makes one instance: v1.10.0's InstanceLaunchRequest has no ``quantity`` (the field the
+  v1.5.1 reference had), and a body with it is refused as a field the schema does not define
+  (below). Short of capacity (``capacity[(type, region)]``, how many more a region can launch), a
+  launch answers insufficient-capacity and makes none.
 - The account's instance quota (``quota``: how many live instances it may hold) refuses a launch
   past it with 400 ``global/quota-exceeded`` (spec launchInstance 400, ApiErrorQuotaExceeded:
   "Quota exceeded.", "Contact Support to increase your quota.").
@@ -56,8 +53,19 @@ lambda-labs-ssh-keys-api-openapi.yml), cited as "spec" below; nothing here comes
   its ``mount_point``, which must match ``^(/home|/lambda/nfs|/data)[//a-zA-Z0-9-]*$`` (400
   ``global/invalid-parameters``), else it is at the filesystem's ``mount_point``,
   ``/lambda/nfs/NAME``. Every instance that mounts one sees the same folder (an NFS share). The
-  hosts here mount one filesystem each: a launch with more is refused, as ``quantity`` > 1 is.
-  ``bytes_used`` is what the folder holds.
+  hosts here mount one filesystem each: a launch with more is refused.
+  ``bytes_used`` is what the folder holds, or what ``bytes_used[id]`` says (spec Filesystem:
+  "The approximate amount of storage used by the filesystem in bytes. This estimate is updated
+  every few hours"; billed per GB used, lambda.ai/pricing "Persistent storage").
+- Every request body is checked against the request schema of its operation in the published
+  description, vendored verbatim as tests/fakes/lambda_openapi.json (Lambda Cloud API v1.10.0,
+  https://docs.lambda.ai/api/cloud/spec.json, served as https://cloud.lambda.ai/api/v1/openapi.json;
+  the copy taken from api-evangelist/lambda-labs, openapi/lambda-labs-openapi.json at commit 9589c61,
+  "mirrored from https://docs.lambda.ai/api/cloud/spec.json", 2026-05-23). A body the schema refuses
+  answers 400 ``global/invalid-parameters`` naming what is wrong. A field the schema does not define
+  (the description declares no ``additionalProperties``, so the live API may well ignore it) is
+  refused the same way here and recorded in ``undefined_fields``, and leaving the fake with one
+  recorded fails the test: a test cannot pass on a field the real API would not act on.
 - SSH: the key named at launch is root's authorized key (Lambda Stack puts it in ``ubuntu``'s; these
   hosts have only root) and sshd listens on port 22 of the instance's ``ip``, as on Lambda: run the
   fake in a network namespace of its own (tests/netns.py), where port 22 of a 127.x address is free.
@@ -84,6 +92,7 @@ from urllib.parse import urlsplit
 
 from tests.fakes.hosts import Host
 
+SPEC = Path(__file__).with_name("lambda_openapi.json")
 HOST = "127.0.0.1"
 PREFIX = "/api/v1"
 SSH_PORT = 22
@@ -116,6 +125,38 @@ def default_types() -> dict[str, dict]:
         "gpu_2x_a6000": _type("gpu_2x_a6000", "2x A6000 (48 GB)", "A6000 (48 GB)", 160, 2, 28, 100, 1024,
                               ["us-west-1"]),
     }
+
+
+def _closed(node: Any) -> Any:
+    """The schema ``node`` with every object that lists its ``properties`` (and says nothing of others)
+    closed to them: a field the description does not define is then an error to report."""
+    if isinstance(node, list):
+        return [_closed(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if isinstance(out.get("properties"), dict) and not {"additionalProperties", "patternProperties", "allOf",
+                                                         "unevaluatedProperties"} & set(out):
+        out["additionalProperties"] = False
+    return out
+
+
+def request_schemas() -> list[tuple[str, re.Pattern, Any]]:
+    """(method, path regex after /api/v1, validator) for every operation of the vendored description
+    that takes a JSON body."""
+    from jsonschema import Draft202012Validator
+
+    spec = json.loads(SPEC.read_text())
+    components = _closed(spec.get("components") or {})
+    out = []
+    for path, ops in spec["paths"].items():
+        regex = re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path[len(PREFIX):])) + "$")
+        for method, op in ops.items():
+            content = ((op.get("requestBody") or {}).get("content") or {}) if isinstance(op, dict) else {}
+            schema = (content.get("application/json") or {}).get("schema")
+            if schema:
+                out.append((method.upper(), regex, Draft202012Validator({**_closed(schema), "components": components})))
+    return out
 
 
 @dataclass
@@ -153,6 +194,7 @@ class FakeLambda:
         self.instances: dict[str, dict] = {}
         self.ssh_keys: list[dict] = []
         self.filesystems: dict[str, dict] = {}  # id -> the spec's Filesystem, less bytes_used (measured)
+        self.bytes_used: dict[str, int] = {}  # id -> the bytes_used reported instead of the folder's measure
         self.requests: list[Recorded] = []
         self._hosts: dict[str, Host] = {}
         self._polls: dict[str, int] = {}
@@ -161,6 +203,8 @@ class FakeLambda:
         self._last_launch = float("-inf")
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
+        self._schemas = request_schemas()
+        self.undefined_fields: list[str] = []  # "METHOD path: field" the description does not define
 
     # -- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> "FakeLambda":
@@ -180,6 +224,9 @@ class FakeLambda:
             self._server.server_close()
         for host in list(self._hosts.values()):
             host.destroy()
+        if exc[0] is None and self.undefined_fields:
+            raise AssertionError("orch sent Lambda fields its API description (v1.10.0) does not define: "
+                                 + "; ".join(self.undefined_fields))
 
     @property
     def url(self) -> str:
@@ -262,6 +309,9 @@ class FakeLambda:
         ok, why = self._authorised(auth)
         if not ok:
             return 401, _error("global/invalid-api-key", why, "Check your API key or create a new one, then try again.")
+        refused = self._against_schema(method, path, body)
+        if refused is not None:
+            return refused
         if method == "GET" and path == "/instance-types":
             return 200, {"data": copy.deepcopy(self.types)}
         if method == "GET" and path == "/instances":
@@ -304,6 +354,22 @@ class FakeLambda:
             return 200, {"data": {}}
         return 404, _error("global/not-found", "The requested resource was not found.")
 
+    def _against_schema(self, method: str, path: str, body: Any):
+        """The refusal of a body its operation's schema refuses (None: it passes, or takes no body)."""
+        for m, regex, validator in self._schemas:
+            if m == method and regex.match(path):
+                errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
+                if not errors:
+                    return None
+                for e in errors:
+                    if e.validator == "additionalProperties":
+                        where = "".join(f"[{p!r}]" for p in e.absolute_path)
+                        extra = sorted(set(e.instance) - set(e.schema.get("properties") or {}))
+                        self.undefined_fields += [f"{method} {path}: {where}{f!r}" if where else f"{method} {path}: {f}"
+                                                  for f in extra]
+                return 400, _error("global/invalid-parameters", "; ".join(e.message for e in errors)[:500])
+        return None
+
     # -- instances -----------------------------------------------------------------------
     def _launch(self, body: dict):
         if self.account_refusal == "global/account-inactive":
@@ -321,9 +387,6 @@ class FakeLambda:
         name = body.get("name", "")
         if not isinstance(name, str) or len(name) > 64:
             return 400, _error("global/invalid-parameters", "name must be 64 characters or fewer.")
-        quantity = body.get("quantity", 1)
-        if isinstance(quantity, bool) or not isinstance(quantity, int) or quantity < 1:
-            return 400, _error("global/invalid-parameters", "quantity must be a positive integer.")
         now = time.monotonic()
         if now - self._last_launch < self.launch_interval:
             return 429, "Too Many Requests"
@@ -347,15 +410,15 @@ class FakeLambda:
                 x for x in self.types[t]["regions_with_capacity_available"] if x["name"] != r]
         left = self.capacity.get((body["instance_type_name"], region))
         if region not in [r["name"] for r in itype["regions_with_capacity_available"]] or \
-                (left is not None and left < quantity):
+                (left is not None and left < 1):
             return 400, _error("instance-operations/launch/insufficient-capacity",
                                "Not enough capacity to fulfill launch request.",
                                "Choose an instance type with more availability, or try again later.")
-        if self.quota is not None and len(self.live()) + quantity > self.quota:
+        if self.quota is not None and len(self.live()) + 1 > self.quota:
             return 400, _error("global/quota-exceeded", "Quota exceeded.", "Contact Support to increase your quota.")
         if left is not None:
-            self.capacity[(body["instance_type_name"], region)] = left - quantity
-        ids = [self._make(body, name, names, key, region, itype, mounted) for _ in range(quantity)]
+            self.capacity[(body["instance_type_name"], region)] = left - 1
+        ids = [self._make(body, name, names, key, region, itype, mounted)]
         if self.lose_launch_answers > 0:  # made, and the answer lost on the way back
             self.lose_launch_answers -= 1
             return 500, _error("global/unknown", "Internal server error.")
@@ -470,7 +533,9 @@ class FakeLambda:
         return any(name in r["file_system_names"] for r in self.instances.values() if r["status"] != "terminated")
 
     def _filesystem(self, fs: dict) -> dict:
-        used = sum(p.stat().st_size for p in self.filesystem_dir(fs["id"]).rglob("*") if p.is_file())
+        used = self.bytes_used.get(fs["id"])
+        if used is None:
+            used = sum(p.stat().st_size for p in self.filesystem_dir(fs["id"]).rglob("*") if p.is_file())
         return {**copy.deepcopy(fs), "is_in_use": self._in_use(fs["name"]), "bytes_used": used}
 
     def _add_filesystem(self, body: dict):
