@@ -86,3 +86,21 @@ def test_the_catalogue_is_dated_and_every_price_has_its_public_source():
     with open(ROOT / "pyproject.toml", "rb") as f:
         shipped = tomllib.load(f)["tool"]["setuptools"]["package-data"]["orchestrator"]
     assert "catalogue.json" in shipped, "the wheel carries it"
+
+
+def test_a_group_dry_run_says_which_providers_it_leaves_out_and_where_hf_home_goes(orch_home):
+    """`nodes: 2` asks only the providers that rent groups: the dry run names the others. With a
+    volume, HF_HOME goes on it (the hub's downloads survive the machine): the dry run says where."""
+    group = run_orch("run", "pair", "--gpu", "A100", "--nodes", "2", "--dry-run", "--", "true", check=0).stdout
+    left_out = [line for line in group.splitlines() if "not asked, as they rent no group:" in line]
+    assert len(left_out) == 1 and "vastai" in left_out[0], group
+    one = run_orch("run", "one", "--gpu", "A100", "--dry-run", "--", "true", check=0).stdout
+    assert "rent no group" not in one, one
+    run_orch("volume", "create", "hub", "--provider", "local", "--size", "1")
+    dry = run_orch("run", "x", "--provider", "local", "--cpu", "--volume", "hub:~/hub", "--dry-run", "--", "true",
+                   check=0).stdout
+    assert "volume   hub at ~/hub" in dry and "HF_HOME  ~/hub/hf: the hub's downloads stay on the volume" in dry, dry
+    own = run_orch("run", "x", "--provider", "local", "--cpu", "--volume", "hub:~/hub", "--env", "HF_HOME=/cache",
+                   "--dry-run", "--", "true", check=0).stdout
+    assert "volume   hub at ~/hub" in own and "HF_HOME  " not in own, "a task's own HF_HOME is left as it is"
+    nothing_created(orch_home)

@@ -87,6 +87,7 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
                          "or train: (a LibreYOLO training)")
     task.check(t, path, lines, _dry_run_environ(t, dry_run))
     _say_translation(path, lines)
+    _warn_gpu_counts(t, path, lines)
     name = name or t.name
     if not name:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: the job needs a name: name: in the "
@@ -209,6 +210,21 @@ def _say_translation(path, lines) -> None:
         say(line)
 
 
+def _warn_gpu_counts(t, path, lines) -> None:
+    """A group on CPU machines whose command counts processes by GPUs (``DSTACK_GPUS_NUM``, ...): each
+    is 0 there, and a launcher given 0 starts nothing, or falls back to a world of one on every node,
+    trains apart and reports success. Said before anything is rented."""
+    from orchestrator import nodes, task
+
+    read = nodes.gpu_counts_read(t.setup, t.run)
+    if t.nodes > 1 and t.resources.cpu and read:
+        where = task.where(path, lines, "run") if path else "orch run"
+        say(f"orch: warning: {where}: {', '.join(read)} {'is' if len(read) == 1 else 'are'} 0 on CPU machines: a "
+            f"launcher started with that many processes per node starts none, or falls back to one world per node "
+            f"(the {t.nodes} nodes train apart); count processes with $ORCH_PROCS_PER_NODE (the GPUs, 1 on a CPU "
+            "machine)")
+
+
 def _dry_run_environ(t, dry_run: bool):
     """The environment ``task.check`` reads the secrets from: a dry run warns of each secret not set
     now (the launch refuses it then) and plans on; a launch reads this one."""
@@ -233,8 +249,44 @@ def print_plan(sub, choice) -> None:
         out(f"  nodes    {nodes}, rented together (all or nothing) on {choice.provider}; each gets ORCH_NODE_RANK, "
             f"ORCH_NUM_NODES={nodes}, ORCH_NODE_IPS, ORCH_MASTER_ADDR, ORCH_MASTER_PORT, ORCH_GPUS_PER_NODE; "
             "a lost node is replaced alone")
+        dropped = _cannot_group(js.providers)
+        if dropped:
+            out(f"  nodes    not asked, as they rent no group: {', '.join(dropped)}")
+    _volumes(js)
     _offers(js, choice)
     out("  dry run: nothing rented, nothing recorded")
+
+
+def _cannot_group(asked) -> list[str]:
+    """The providers a group job left out where none was named (``instances.group_providers`` asks
+    every one that rents groups): those that rent none. Nothing where the job names its own."""
+    from orchestrator.cli import instances
+    from orchestrator.provider import RentsGroups
+
+    known = sorted(_provider_names())
+    able = [p for p in known if isinstance(instances.renter(p), RentsGroups)]
+    if not set(able) <= set(asked or []):
+        return []
+    return [p for p in known if p not in able]
+
+
+def _volumes(js) -> None:
+    """Which volume each path mounts, and where ``HF_HOME`` goes (``volume_mounts.env``: the first
+    volume's ``hf``, unless the task sets its own)."""
+    from orchestrator.volume_mounts import HF_DIR
+    from orchestrator.volume_uses import Use
+
+    uses = [Use.from_dict(u) for u in js.volumes or []]
+    if not uses:
+        return
+    def names(use) -> str:
+        return ", ".join(use.volume(r) for r in range(js.nodes)) if use.per_node else use.name
+
+    for use in uses:
+        out(f"  volume   {names(use)} at {use.path}" + (", one per node (node R mounts its own)" if use.per_node else ""))
+    work = js.work
+    if "HF_HOME" not in (getattr(work, "env", None) or {}) and "HF_HOME" not in (getattr(work, "secrets", None) or []):
+        out(f"  HF_HOME  {uses[0].path}/{HF_DIR}: the hub's downloads stay on the volume ({names(uses[0])})")
 
 
 def _head(sub) -> None:
@@ -276,6 +328,9 @@ def print_list_prices(sub) -> bool:
     if not unkeyed or not rows:
         return False
     _head(sub)
+    dropped = _cannot_group(js.providers) if js.nodes > 1 else []
+    if dropped:
+        out(f"  nodes    not asked, as they rent no group: {', '.join(dropped)}")
     out(f"  plan     no live offer: no key here for {', '.join(unkeyed)} (`orch check` says what each needs); "
         "a launch asks the providers live")
     per = f"per hour for {js.nodes} nodes" if js.nodes > 1 else "per hour"
