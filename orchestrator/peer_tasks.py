@@ -666,8 +666,11 @@ def _commands(tr: _Translation, value, key: tuple) -> str:
     return " && ".join(out)
 
 
-def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, float | None]:
-    """(GPU name, count, least VRAM) from dstack's GPU spec; count 0: no GPU."""
+def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, float | None, float | None]:
+    """(GPU name, count, least VRAM, most VRAM) from dstack's GPU spec; count 0: no GPU. A memory is a
+    ``Range`` as dstack's resources.py reads it: ``24GB`` is exactly 24GB (min and max), ``24GB..``
+    at least, ``..80GB`` at most; its offers are filtered on both ends (``min_gpu_memory`` and
+    ``max_gpu_memory`` of the query, core/backends/base/offers.py)."""
     spec: dict[str, Any] = {}
     if isinstance(value, bool):
         tr.wrong(key, "a GPU spec (A100:2, 24GB, 2)", value)
@@ -703,15 +706,16 @@ def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, f
         tr.wrong(key, "a GPU count (2, 1..2)", spec.get("count"))
     if low != high:
         tr.notes.append(f"{'.'.join(key)}: count {spec.get('count')} -> {count} (orch rents an exact count: the least)")
-    vram = None
+    vram = most = None
     if spec.get("memory") is not None:
-        mem_low, _ = _range(spec["memory"])
+        mem_low, mem_high = _range(spec["memory"])
         vram = _gb(mem_low) if mem_low else None
-        if mem_low and vram is None:
-            tr.wrong(key, "a GPU memory (24GB, 24GB..80GB)", spec["memory"])
+        most = _gb(mem_high) if mem_high else None
+        if (mem_low and vram is None) or (mem_high and most is None) or (vram and most and vram > most):
+            tr.wrong(key, "a GPU memory (24GB, 24GB.., 24GB..80GB)", spec["memory"])
     names = spec.get("name")
     name = _gpu_name(_one_gpu(tr, [str(n) for n in names], key)) if names else None
-    return name, count, vram
+    return name, count, vram, most
 
 
 def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
@@ -721,7 +725,7 @@ def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
     for name, value in res.items():
         k = key + (name,)
         if name == "gpu":
-            gpu, count, vram = _dstack_gpu(tr, value, k)
+            gpu, count, vram, most = _dstack_gpu(tr, value, k)
             if count == 0:
                 tr.put(("resources", "cpu"), True, k, f"resources.gpu: {value} -> resources.cpu: true")
                 continue
@@ -730,8 +734,11 @@ def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
             tr.put(("resources", "gpus"), count, k)
             if vram:
                 tr.put(("resources", "min_vram"), vram, k)
+            if most:
+                tr.put(("resources", "max_vram"), most, k)
             tr.notes.append(f"resources.gpu: {value} -> resources.gpu: {gpu or 'any'}, gpus: {count}"
-                            + (f", min_vram: {vram:g} (GB per GPU)" if vram else ""))
+                            + (f", min_vram: {vram:g}" if vram else "") + (f", max_vram: {most:g}" if most else "")
+                            + (" (GB per GPU)" if vram or most else ""))
         elif name == "disk":
             size = value.get("size") if isinstance(value, dict) else value
             low, _ = _range(size)

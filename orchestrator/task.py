@@ -52,6 +52,7 @@ class Resources(_Strict):
     bid: Optional[float] = Field(None, gt=0, lt=1000)
     max_price: Optional[float] = Field(None, gt=0, lt=10000)  # $/hr: offers above it are not ranked
     min_vram: Optional[float] = Field(None, gt=0, le=4096)  # GB per GPU (dstack's gpu: 24GB, SkyPilot's A100-80GB)
+    max_vram: Optional[float] = Field(None, gt=0, le=4096)  # GB per GPU at most (dstack's gpu: 24GB, 24GB..80GB)
 
 
 class Train(_Strict):

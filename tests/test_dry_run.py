@@ -68,7 +68,12 @@ def test_with_no_provider_key_a_dry_run_shows_dated_list_prices_marked_as_such(o
     proc = run_orch("run", "-f", task, "--dry-run", check=0)
     listed = [line for line in proc.stdout.splitlines() if re.match(r"\s+\d+\. ", line)]
     assert listed and all(" 80 GB " in line for line in listed), proc.stdout
-    assert "with at least 80 GB each" in proc.stdout
+    assert "with 80 GB each" in proc.stdout, "dstack's 80GB is a range of one value: exactly 80GB"
+    # A range keeps both its ends (dstack's query has min_gpu_memory and max_gpu_memory).
+    task.write_text(task.read_text().replace("gpu: 80GB", "gpu: 40GB..48GB"))
+    proc = run_orch("run", "-f", task, "--dry-run", check=0)
+    sizes = [float(m.group(1)) for m in re.finditer(r"x \S.*? (\d+(?:\.\d+)?) GB \(", proc.stdout)]
+    assert sizes and all(40 <= gb <= 48 for gb in sizes) and "with 40 to 48 GB each" in proc.stdout, proc.stdout
     nothing_created(orch_home)
 
 

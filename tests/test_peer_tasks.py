@@ -190,17 +190,19 @@ def test_skypilot_accelerators_in_each_form_the_yaml_spec_allows(tmp_path, accel
     assert "resources.accelerators" in said and said.count("is a SkyPilot task") == 1
 
 
-@pytest.mark.parametrize("spec, gpu, gpus, vram, cpu", [
-    ("24GB", None, 1, 24.0, False),
-    ("A100:2", "A100", 2, None, False),
-    ("A100:40GB:2", "A100", 2, 40.0, False),
-    ("nvidia:H100:1..2", "H100", 1, None, False),
-    ("24GB..80GB:2", None, 2, 24.0, False),
-    ("{name: L4, count: 2, memory: 24GB}", "L4", 2, 24.0, False),
-    ("2", None, 2, None, False),
-    ("0", None, 1, None, True),
+@pytest.mark.parametrize("spec, gpu, gpus, vram, most, cpu", [
+    ("24GB", None, 1, 24.0, 24.0, False),  # a plain memory is a Range of one value: exactly 24GB
+    ("A100:2", "A100", 2, None, None, False),
+    ("A100:40GB:2", "A100", 2, 40.0, 40.0, False),
+    ("nvidia:H100:1..2", "H100", 1, None, None, False),
+    ("24GB..80GB:2", None, 2, 24.0, 80.0, False),
+    ("24GB..", None, 1, 24.0, None, False),
+    ("..40GB", None, 1, None, 40.0, False),
+    ("{name: L4, count: 2, memory: 24GB}", "L4", 2, 24.0, 24.0, False),
+    ("2", None, 2, None, None, False),
+    ("0", None, 1, None, None, True),
 ])
-def test_dstack_gpu_specs_as_dstack_parses_them(tmp_path, spec, gpu, gpus, vram, cpu):
+def test_dstack_gpu_specs_as_dstack_parses_them(tmp_path, spec, gpu, gpus, vram, most, cpu):
     t, _, _ = load(tmp_path / "t.dstack.yml", f"""
         type: task
         commands: [nvidia-smi]
@@ -209,7 +211,7 @@ def test_dstack_gpu_specs_as_dstack_parses_them(tmp_path, spec, gpu, gpus, vram,
           disk: 100GB..
         """)
     assert (t.resources.gpu, t.resources.gpus, t.resources.min_vram, t.resources.cpu) == (gpu, gpus, vram, cpu)
-    assert t.resources.disk == 100
+    assert t.resources.max_vram == most and t.resources.disk == 100
 
 
 def test_dstack_commands_join_as_dstack_runs_them_and_env_takes_both_forms(tmp_path):

@@ -100,9 +100,10 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
         raise UsageError(f"{task.where(path, lines, 'name') if path and t.name == name else 'orch run'}: {e}") from None
     providers = [res.provider] if isinstance(res.provider, str) else list(res.provider or [])
     if t.train is not None:
-        if res.min_vram is not None:
-            raise UsageError(f"{task.where(path, lines, 'resources', 'min_vram')}: resources.min_vram is for a command "
-                             "(run:); a train: job names its gpu")
+        for key in ("min_vram", "max_vram"):
+            if getattr(res, key) is not None:
+                raise UsageError(f"{task.where(path, lines, 'resources', key)}: resources.{key} is for a command "
+                                 "(run:); a train: job names its gpu")
         return Training(name, _train_options(t, options), t.max_cost, t.max_hours, t.retries, t.keep, providers,
                         res.max_price)
     given = [flag for key, flag in TRAINING_FLAGS.items() if _given(key)]
@@ -180,7 +181,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
                                       providers)
     js = jobs.JobSpec(kind="command", work=cmd, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
-                      nodes=t.nodes, volumes=volumes, min_vram=res.min_vram)
+                      nodes=t.nodes, volumes=volumes, min_vram=res.min_vram, max_vram=res.max_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
                            disk_given=res.disk is not None)
 
@@ -289,12 +290,17 @@ def _volumes(js) -> None:
         out(f"  HF_HOME  {uses[0].path}/{HF_DIR}: the hub's downloads stay on the volume ({names(uses[0])})")
 
 
+def _vram(low: float | None, high: float | None) -> str:
+    if low and high:
+        return f" with {low:g} GB each" if low == high else f" with {low:g} to {high:g} GB each"
+    return f" with at least {low:g} GB each" if low else f" with at most {high:g} GB each" if high else ""
+
+
 def _head(sub) -> None:
     """What the task is: its machines, what it runs, its caps."""
     js = sub.spec
     req = js.request
-    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}" + (
-        f" with at least {js.min_vram:g} GB each" if js.min_vram else "")
+    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}" + _vram(js.min_vram, js.max_vram)
     out(f"task {sub.name}: {js.nodes} node(s), {what}" + (", spot" if req.spot else "")
         + (f", disk {req.disk_gb} GB" if sub.disk_given else ""))
     for line in js.kind_of().plan_lines(sub.name):
@@ -324,7 +330,7 @@ def print_list_prices(sub) -> bool:
         elif not provider.embedded:  # a provider with a key was asked: its answer stands
             return False
     date, _ = catalogue.load()
-    rows = catalogue.matching(req.gpu, req.gpus, js.min_vram, unkeyed)
+    rows = catalogue.matching(req.gpu, req.gpus, js.min_vram, unkeyed, js.max_vram)
     if not unkeyed or not rows:
         return False
     _head(sub)
