@@ -337,6 +337,10 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
                              "`orch run` (its value is read at launch and never stored)")
     if task.resources.cpu and task.resources.gpu:
         raise UsageError(f"{at('resources', 'gpu')}: resources: cpu: true and a gpu exclude each other")
+    low, high = task.resources.min_vram, task.resources.max_vram
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"{at('resources', 'max_vram')}: resources: max_vram {high:g} is below min_vram {low:g}: "
+                         "no GPU has both")
     volume_flags(task, at)
 
 

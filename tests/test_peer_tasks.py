@@ -214,6 +214,25 @@ def test_dstack_gpu_specs_as_dstack_parses_them(tmp_path, spec, gpu, gpus, vram,
     assert t.resources.max_vram == most and t.resources.disk == 100
 
 
+def test_a_gpu_memory_range_upside_down_is_refused_on_its_line(orch_home, tmp_path):
+    task = write(tmp_path / "t.dstack.yml", """
+        type: task
+        commands: [nvidia-smi]
+        resources:
+          gpu: 80GB..24GB
+        """)
+    err = run_orch("run", "-f", task, check=2).stderr
+    assert f"{task}:4:" in err and "80GB..24GB" in err and err.count("\n") == 1, err
+    mine = write(tmp_path / "t.yaml", """
+        name: t
+        resources: {gpu: A100, min_vram: 80, max_vram: 40}
+        run: nvidia-smi
+        """)
+    err = run_orch("run", "-f", mine, check=2).stderr
+    assert f"{mine}:2:" in err and "max_vram 40 is below min_vram 80" in err, err
+    nothing_created(orch_home)
+
+
 def test_dstack_commands_join_as_dstack_runs_them_and_env_takes_both_forms(tmp_path):
     t, _, said = load(tmp_path / "a.dstack.yml", """
         type: task
