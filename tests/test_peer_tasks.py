@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clouds import local_billing, open_orch, orch_proc, wait_for
+from tests.clouds import local_billing, lost_midway, open_orch
 from tests.conftest import run_orch
 
 
@@ -139,17 +139,7 @@ def test_skypilots_task_id_is_the_jobs_and_stays_across_a_relaunch(orch_home, tm
           cp ckpt/ids.txt ids.txt
           [ "$(wc -l < ckpt/ids.txt)" -ge 2 ] || sleep 600
         """)
-    proc = orch_proc("run", "-f", task, "--provider", "local", "--cpu", "--wait", "--json")
-    try:
-        ledger = open_orch().ledger
-        wait_for(lambda: (ledger.job("sky-again") or None) and (ledger.job("sky-again").checkpoint_epoch or 0) >= 1,
-                 120, "the first launch's ids copied home")
-        first = next(i for i in ledger.instances() if i.name.startswith("sky-again-a1"))
-        open_orch().provider("local").destroy(first.provider_id)  # the machine is gone, from outside
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = lost_midway("sky-again", 1, 300, "run", "-f", task, "--provider", "local", "--cpu", "--wait", "--json")
     job = json.loads(out)
     assert job["state"] == "completed", (job["history"][-5:], err[-2000:])
     ids = [line.split() for line in (orch_home / "runs" / "sky-again" / "ids.txt").read_text().splitlines()]
@@ -394,6 +384,20 @@ def test_a_wrong_value_in_a_translated_key_names_the_line_the_user_wrote(orch_ho
 
 
 # -- refused by name, with orch's nearest equivalent ---------------------------------------------
+def volume_mount(key: str) -> str:
+    """A SkyPilot file mounting volume ``data`` at /vol with one more key of its storage mapping (line 7)."""
+    return f"""
+        name: t
+        num_nodes: 1
+        file_mounts:
+          /vol:
+            name: data
+            store: volume
+            {key}
+        run: ls /vol
+        """
+
+
 REFUSALS = {
     "bucket file_mounts": ("sky.yaml", """
         name: t
@@ -448,36 +452,9 @@ REFUSALS = {
           HF_TOKEN: hf_abc
         run: echo hi
         """, 3, ["secrets.HF_TOKEN holds its value in the file", "export HF_TOKEN"]),
-    "a volume's source": ("sky.yaml", """
-        name: t
-        num_nodes: 1
-        file_mounts:
-          /vol:
-            name: data
-            store: volume
-            source: ./dataset
-        run: ls /vol
-        """, 7, ["file_mounts /vol: source ./dataset synced into volume data", "copy it onto the volume in setup:"]),
-    "a volume that is not persistent": ("sky.yaml", """
-        name: t
-        num_nodes: 1
-        file_mounts:
-          /vol:
-            name: data
-            store: volume
-            persistent: false
-        run: ls /vol
-        """, 7, ["persistent: false (volume data deleted when the task ends)", "orch volume rm data"]),
-    "a volume's config": ("sky.yaml", """
-        name: t
-        num_nodes: 1
-        file_mounts:
-          /vol:
-            name: data
-            store: volume
-            config: {mount_cached: {transfers: 8}}
-        run: ls /vol
-        """, 7, ["config: (per-store options for volume data)", "drop it"]),
+    "a volume's source": ("sky.yaml", volume_mount("source: ./dataset"), 7, ["file_mounts /vol: source ./dataset synced into volume data", "copy it onto the volume in setup:"]),
+    "a volume that is not persistent": ("sky.yaml", volume_mount("persistent: false"), 7, ["persistent: false (volume data deleted when the task ends)", "orch volume rm data"]),
+    "a volume's config": ("sky.yaml", volume_mount("config: {mount_cached: {transfers: 8}}"), 7, ["config: (per-store options for volume data)", "drop it"]),
     "a dstack volume name interpolated otherwise": ("v.dstack.yml", """
         type: task
         commands: [ls /data]
