@@ -5,8 +5,11 @@ People arrive with these files, and neither peer reads the other's. ``native`` (
 orch's own task keys (``task.Task``), keeps what it translated for the command to say once
 (``said``), and refuses by name
 what orch cannot honour (a bucket mount, a port, a service, a dev environment), each refusal one
-line with the file and line and orch's nearest equivalent. A file in orch's own dialect passes
-unchanged. Their commands find the variables they read on every node (``nodes.peer_env``).
+line with the file and line and orch's nearest equivalent. What the peer would have given without
+being asked comes too (its default disk); what would run otherwise than under the peer is warned
+of before anything is rented (a dstack file whose commands name files of a folder no ``repos:``
+attaches). A file in orch's own dialect passes unchanged. Their commands find the variables they
+read on every node (``nodes.peer_env``, ``nodes.run_env``).
 
 The dialects, from the peers' own references:
 
