@@ -31,14 +31,16 @@ def load() -> tuple[str, tuple[Price, ...]]:
 
 
 def matching(gpu: str | None, count: int, min_vram: float | None = None,
-             providers: list[str] | None = None) -> list[Price]:
+             providers: list[str] | None = None, max_vram: float | None = None) -> list[Price]:
     """The listed instances with ``count`` GPUs of type ``gpu`` (any, when None; a family name
-    matches its variants, as ``--gpu`` does), at least ``min_vram`` GB each, cheapest first."""
+    matches its variants, as ``--gpu`` does), at least ``min_vram`` GB each (at most ``max_vram``),
+    cheapest first."""
     from orchestrator import gpus
 
     _, prices = load()
     rows = [p for p in prices if p.gpus == count and (gpu is None or gpus.matches(gpu, p.gpu))
-            and (min_vram is None or p.vram_gb >= min_vram) and (providers is None or p.provider in providers)]
+            and (min_vram is None or p.vram_gb >= min_vram) and (max_vram is None or p.vram_gb <= max_vram)
+            and (providers is None or p.provider in providers)]
     return sorted(rows, key=lambda p: p.usd_hr)
 
 

@@ -10,6 +10,20 @@ for, nothing here reads a clock, a file or the ledger (``scheduling`` does, abov
   are checked one by one (a refusal names the field) and iterated by croniter
   (github.com/kiorky/croniter) over the zone's wall clock; which instant a wall-clock time is,
   ``zoneinfo`` says (docs.python.org/3/library/zoneinfo.html, the IANA database, PEP 495's fold).
+- **The two day fields, as cron runs them** (``_iter``): which of them must match is
+  decided by their first character, not by whether they restrict anything. cronie's ``load_entry``
+  (github.com/cronie-crond/cronie, ``src/entry.c``) sets DOM_STAR / DOW_STAR for a day field whose
+  text starts with ``*``, and its ``find_jobs`` (``src/cron.c``) fires on ``dom AND dow`` when
+  either flag is set, ``dom OR dow`` otherwise; Vixie cron does the same. So ``0 0 */2 * 1`` runs
+  on the odd days that are Mondays (AND: ``*/2`` starts with ``*``), while ``0 0 1-31/2 * 1``
+  runs on every odd day and every Monday (OR). croniter alone takes either for both (it ORs
+  whenever neither field is exactly ``*``): every extra firing would rent a machine, so orch
+  iterates with croniter's ``implement_cron_bug``, which applies cronie's rule.
+  ``0 0 30 2 1`` (both restricted: OR) runs every Monday of February, as under cronie.
+- **Ranges go up**: ``5-1`` is refused, as Vixie cron and cronie before 1.6 refused it (``num1 >
+  num2``; today's cronie sets no day for it, so it never matches) and croniter would wrap it round.
+  The one descending range cron means is a day-of-week range ending on Sunday written 0
+  (``fri-sun``, ``5-0``: cronie's ``get_range`` reads it as ``5-7``).
 - **Daylight saving**: one rule, for every schedule, after cron(8) of Vixie cron ("Daylight Saving
   Time and other time changes": jobs in a skipped interval run right after the change; in a
   repeated one, care is taken not to run them twice). A wall-clock time that does not exist (the
@@ -73,15 +87,50 @@ def parse(expr: str, flag: str = "--cron") -> str:
                          "(e.g. '0 2 * * *', 02:00 every day)")
     for k, field in enumerate(fields):
         alone = " ".join(field if j == k else "*" for j in range(5))
-        if not all(_item(k).fullmatch(part) for part in field.split(",")) or not croniter.is_valid(alone):
+        valid = all(_item(k).fullmatch(part) for part in field.split(","))
+        for part in field.split(",") if valid else []:
+            low, high = _bounds(k, part)
+            if high is not None and low > high and not (k == 4 and high == 0):  # 5-0: Friday to Sunday
+                raise UsageError(f"{flag}: the {FIELDS[k]} field {field!r} has a range that goes down ({part}): "
+                                 "cron ranges go up; write it as two (e.g. 22-23,0-2)")
+        if not valid or not croniter.is_valid(alone):
             raise UsageError(f"{flag}: the {FIELDS[k]} field {field!r} is not valid: {_RANGES[k]}, with lists (,), "
                              "ranges (-) and steps (/)")
-    try:  # each field right, but never together (the 31st of February)
-        croniter(text, datetime(2000, 1, 1)).get_next(datetime)
+    try:  # each field right, but never together (the 31st of February; 30 2 beside a *-day)
+        _iter(text, datetime(2000, 1, 1)).get_next(datetime)
     except (ValueError, KeyError):
+        dom, dow = fields[2], fields[4]
+        star = " (a day field starting with * makes both day fields required, as cron reads them)" \
+            if "*" not in (dom, dow) and (dom.startswith("*") or dow.startswith("*")) else ""
         raise UsageError(f"{flag}: {text!r} never happens: the day-of-month field {fields[2]!r} and the month "
-                         f"field {fields[3]!r} never meet") from None
+                         f"field {fields[3]!r} never meet{star}") from None
     return text
+
+
+def _bounds(k: int, part: str) -> tuple[int, int | None]:
+    """A list item's range ends as numbers (names read as cron reads them); (low, None) for one value or ``*``."""
+    first = part.split("/")[0]
+    if first == "*" or "-" not in first:
+        return 0, None
+    names = _NAMES.get(k, "").split("|")
+    ends = [names.index(e.lower()) + (1 if k == 3 else 0) if e.lower() in names else int(e) for e in first.split("-")]
+    return ends[0], ends[1]
+
+
+def _iter(expr: str, start: datetime):
+    """croniter over ``expr`` with the day fields as cron reads them (``implement_cron_bug``: see the
+    module's note on the two day fields): ``0 0 */2 * 1`` is the odd days that are Mondays. Where
+    either day may match and the day-of-month side never meets the months (``0 0 30 2 1``), that
+    side adds no day: the day-of-week side alone is iterated (croniter 3 gives up on the whole)."""
+    from croniter import CroniterBadDateError, croniter
+
+    minute, hour, dom, month, dow = expr.split(" ")
+    if not (dom.startswith("*") or dow.startswith("*")):
+        try:
+            croniter(f"{minute} {hour} {dom} {month} *", datetime(2000, 1, 1)).get_next(datetime)
+        except CroniterBadDateError:
+            expr = f"{minute} {hour} * {month} {dow}"
+    return croniter(expr, start, implement_cron_bug=True)
 
 
 def zone(name: str, flag: str = "--tz"):
@@ -170,12 +219,10 @@ class Cron:
 
     def occurrences(self, start: datetime) -> Iterator[datetime]:
         """Every occurrence at or after ``start``, in order, each instant once."""
-        from croniter import croniter
-
         t, tz = utc(start), self.tz
         # Wall times map to instants in order (``instant``), so none before wall(t) less the
         # zone's shift can land at or after t.
-        it = croniter(self.expr, wall(t, tz) - _shift(t, tz) - timedelta(minutes=1))
+        it = _iter(self.expr, wall(t, tz) - _shift(t, tz) - timedelta(minutes=1))
         last, idle = None, 0
         while idle < _WALK:  # steps without an occurrence (before ``start``, or one instant again)
             u = instant(it.get_next(datetime), tz)
@@ -191,10 +238,8 @@ class Cron:
 
     def latest(self, t: datetime) -> datetime:
         """The newest occurrence at or before ``t``."""
-        from croniter import croniter
-
         t, tz = utc(t), self.tz
-        it = croniter(self.expr, wall(t, tz) + _shift(t, tz) + timedelta(minutes=1))
+        it = _iter(self.expr, wall(t, tz) + _shift(t, tz) + timedelta(minutes=1))
         for _ in range(_WALK):
             u = instant(it.get_prev(datetime), tz)
             if u <= t:

@@ -19,12 +19,22 @@ docs.skypilot.co/en/latest/running-jobs/distributed-jobs.html), and dstack's `DS
   (where a rendezvous listens), where orch chose one
 
 Beside them, the same facts under the peers' names (``peer_env``), so that a SkyPilot or dstack
-task file (``peer_tasks``) runs unchanged.
+task file (``peer_tasks``) runs unchanged; and, for a command, who the run is (``run_env``): the
+job's id as SkyPilot's task id (the same across relaunches), its name as dstack's run name, and an
+MPI hostfile written on each node.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+# The variables that count GPUs (0 on a CPU machine): a process count taken from one starts no process there.
+GPU_COUNTS = ("ORCH_GPUS_PER_NODE", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_SETUP_NUM_GPUS_PER_NODE",
+              "DSTACK_GPUS_PER_NODE", "DSTACK_GPUS_NUM")
 
 
 def plain_ip(value) -> str:
@@ -82,6 +92,10 @@ def peer_env(rank: int, ips: list[str], gpus_per_node: int) -> dict[str, str]:
         "SKYPILOT_NODE_IPS": listed,
         "SKYPILOT_NUM_NODES": str(nodes),
         "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus_per_node),
+        # setup: runs on every node with the same facts (SkyPilot's "Environment variables for setup").
+        "SKYPILOT_SETUP_NODE_RANK": str(rank),
+        "SKYPILOT_SETUP_NODE_IPS": listed,
+        "SKYPILOT_SETUP_NUM_GPUS_PER_NODE": str(gpus_per_node),
         "DSTACK_NODE_RANK": str(rank),
         "DSTACK_NODES_NUM": str(nodes),
         "DSTACK_MASTER_NODE_IP": ips[0],
@@ -89,3 +103,60 @@ def peer_env(rank: int, ips: list[str], gpus_per_node: int) -> dict[str, str]:
         "DSTACK_GPUS_PER_NODE": str(gpus_per_node),
         "DSTACK_GPUS_NUM": str(gpus_per_node * nodes),
     }
+
+
+def gpu_counts_read(*scripts) -> list[str]:
+    """The GPU-count variables (``GPU_COUNTS``) that ``scripts`` read (``$NAME``, ``${NAME}``), in that order."""
+    text = "\n".join(s for s in scripts if isinstance(s, str))
+    return [name for name in GPU_COUNTS if re.search(r"\$\{?" + name + r"\b", text)]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Who a command's run is, for ``run_env``: ``task_id`` stays the same across relaunches (orch's
+    job id; for `orch exec`, one per exec), ``node`` is this node's rented machine (a new one at each
+    relaunch), ``cluster`` the group's (or the lone machine's) name, ``provider`` where it runs."""
+
+    task_id: str
+    name: str
+    node: str
+    cluster: str
+    provider: str
+
+
+def mpi_hostfile(ips: list[str], gpus_per_node: int) -> str:
+    """dstack's MPI hostfile ("Environment variables", ``DSTACK_MPI_HOSTFILE``; its runner's
+    executor.go): one node a line, rank order, ``<ip> slots=<gpus>`` for GPU nodes, ``<ip>`` for CPU ones."""
+    clean = [plain_ip(ip) for ip in ips]
+    return "".join(f"{ip} slots={gpus_per_node}\n" if gpus_per_node else f"{ip}\n" for ip in clean)
+
+
+def run_env(run: Run, working_dir: str, workdir: str | None, hostfile: str) -> dict[str, str]:
+    """What SkyPilot's and dstack's commands read of their run, with the peers' meanings:
+
+    - ``SKYPILOT_TASK_ID``: "a unique ID assigned to each task", the same "across recoveries" of a
+      managed job (SkyPilot's "Environment variables"; sky/skylet/constants.py ``TASK_ID_ENV_VAR``):
+      orch's job id, which every relaunch keeps. ``SKYPILOT_CLUSTER_INFO``: JSON with ``cluster_name``,
+      ``cloud``, ``region``, ``zone`` (orch keeps no region or zone of a machine: null).
+    - dstack's (dstack.ai/docs/reference/environment-variables/, its runner's ``executor.go``):
+      ``DSTACK_RUN_NAME`` the run's name, ``DSTACK_RUN_ID`` "the UUID of the run" (one per job, kept
+      across relaunches), ``DSTACK_JOB_ID`` "the UUID of the job submission" (one per node per
+      attempt), ``DSTACK_WORKING_DIR`` where the command runs, ``DSTACK_REPO_DIR`` and
+      ``DSTACK_REPO_ID`` where a workdir was uploaded (``workdir``: the folder at home, one id per
+      folder; "if any": unset without one),
+      ``DSTACK_MPI_HOSTFILE`` the hostfile's path (``mpi_hostfile``).
+    """
+    env = {
+        "SKYPILOT_TASK_ID": run.task_id,
+        "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": run.cluster, "cloud": run.provider, "region": None,
+                                             "zone": None}),
+        "DSTACK_RUN_NAME": run.name,
+        "DSTACK_RUN_ID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"orch:job:{run.task_id}")),
+        "DSTACK_JOB_ID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"orch:node:{run.task_id}:{run.node}")),
+        "DSTACK_WORKING_DIR": working_dir,
+        "DSTACK_MPI_HOSTFILE": hostfile,
+    }
+    if workdir:
+        env["DSTACK_REPO_DIR"] = working_dir
+        env["DSTACK_REPO_ID"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"orch:workdir:{workdir}"))
+    return env

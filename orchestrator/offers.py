@@ -75,6 +75,7 @@ class Query:
     gpu: str | None = None
     gpus: int = 1
     min_vram: float | None = None
+    max_vram: float | None = None
     mode: str = "both"
     disk_gb: int = 20
     max_price: float | None = None
@@ -326,6 +327,8 @@ def _wanted(row: Row, q: Query) -> bool:
     if q.gpu and not gpus.matches(q.gpu, row.offer.gpu_name):
         return False
     if q.min_vram is not None and row.vram_gb < q.min_vram:
+        return False
+    if q.max_vram is not None and row.vram_gb > q.max_vram:
         return False
     price = row.hourly(q.mode)
     if price is None:

@@ -5,8 +5,11 @@ People arrive with these files, and neither peer reads the other's. ``native`` (
 orch's own task keys (``task.Task``), keeps what it translated for the command to say once
 (``said``), and refuses by name
 what orch cannot honour (a bucket mount, a port, a service, a dev environment), each refusal one
-line with the file and line and orch's nearest equivalent. A file in orch's own dialect passes
-unchanged. Their commands find the variables they read on every node (``nodes.peer_env``).
+line with the file and line and orch's nearest equivalent. What the peer would have given without
+being asked comes too (its default disk); what would run otherwise than under the peer is warned
+of before anything is rented (a dstack file whose commands name files of a folder no ``repos:``
+attaches). A file in orch's own dialect passes unchanged. Their commands find the variables they
+read on every node (``nodes.peer_env``, ``nodes.run_env``).
 
 The dialects, from the peers' own references:
 
@@ -43,6 +46,8 @@ SKYPILOT_RESOURCES = frozenset({"accelerators", "use_spot", "disk_size", "cloud"
                                 "autostop", "job_recovery", "disk_tier", "network_tier", "accelerator_args",
                                 "max_hourly_cost", "spot_recovery"})
 BUCKETS = ("s3://", "gs://", "gcs://", "r2://", "cos://", "oci://", "https://", "http://", "az://", "nebius://")
+SKYPILOT_DISK_GB = 256  # sky/resources.py: _DEFAULT_DISK_SIZE_GB
+DSTACK_DISK_GB = 100  # dstack's resources.py: DEFAULT_DISK = DiskSpec(size=Range(min=100GB)), at least
 GPU_VENDORS = ("nvidia", "amd", "google", "tpu", "intel", "tenstorrent")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 NEAREST = {
@@ -82,7 +87,7 @@ def native(data: dict, lines, path: Path, schema) -> dict:
     (_dstack if kind == "dstack" else _skypilot)(tr, data)
     tr.alias_lines()
     if lines is not None:
-        lines.peer = (kind, tr.notes, json.dumps(data, sort_keys=True, default=str))
+        lines.peer = (kind, tr.notes, json.dumps(data, sort_keys=True, default=str), tr.warnings)
     return tr.data
 
 
@@ -92,13 +97,13 @@ def said(path: Path, lines) -> list[str]:
     peer = getattr(lines, "peer", None)
     if peer is None:
         return []
-    kind, notes, text = peer
+    kind, notes, text, warnings = peer
     key = hashlib.sha256(f"{Path(path).resolve()}\0{text}".encode()).hexdigest()
     if key in _said:
         return []
     _said.add(key)
     return [f"orch: {path} is a {'dstack' if kind == 'dstack' else 'SkyPilot'} task; read as orch's:",
-            *(f"  {note}" for note in notes)]
+            *(f"  {note}" for note in notes), *(f"orch: warning: {path}: {w}" for w in warnings)]
 
 
 class _Translation:
@@ -110,6 +115,7 @@ class _Translation:
         self.resource_keys = list(schema.model_fields["resources"].annotation.model_fields)
         self.data: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.warnings: list[str] = []  # what would run otherwise than its author expects, said before renting
         self.came_from: dict[tuple, tuple] = {}  # orch's key path -> the peer's
 
     def at(self, *key) -> str:
@@ -316,6 +322,10 @@ def _skypilot(tr: _Translation, data: dict) -> None:
                              "volumes", "setup", "run", *tr.task_keys], "a SkyPilot task")
     if "resources" not in data:
         tr.put(("resources", "cpu"), True, ("resources",), "no resources: a CPU machine (as SkyPilot rents)")
+    if not isinstance(data.get("resources"), dict) or "disk_size" not in data["resources"]:
+        # SkyPilot's default disk (``_DEFAULT_DISK_SIZE_GB = 256``, sky/resources.py): what its users expect to have.
+        tr.put(("resources", "disk"), SKYPILOT_DISK_GB, ("resources",), f"no resources.disk_size: resources.disk: "
+               f"{SKYPILOT_DISK_GB} (GB, SkyPilot's default)")
 
 
 def _sky_secrets(tr: _Translation, value, key: tuple) -> None:
@@ -452,11 +462,48 @@ def _file_mounts(tr: _Translation, mounts, key: tuple) -> None:
     for remote_path, source in mounts.items():
         k = key + (remote_path,)
         if isinstance(source, dict) and source.get("store") == "volume" and source.get("name"):
-            _volume(tr, remote_path, source["name"], k)  # SkyPilot's "Mount with existing volume"
+            _volume_store(tr, remote_path, source, k)  # SkyPilot's "Mount with existing volume"
             continue
         if isinstance(source, dict) or str(source).startswith(BUCKETS):
             tr.refuse(k, f"file_mounts {remote_path}: a bucket ({_bucket(source)})", NEAREST["bucket"])
         tr.refuse(k, f"file_mounts {remote_path}: a local path copied to the machine ({source})", NEAREST["copied"])
+
+
+STORAGE_KEYS = ("name", "store", "source", "mode", "persistent", "config")
+
+
+def _volume_store(tr: _Translation, path, spec: dict, key: tuple) -> None:
+    """``{name, store: volume}`` with the rest of SkyPilot's storage mapping ("Cloud Buckets",
+    docs.skypilot.co/en/latest/reference/storage.html: ``source`` uploaded into it, ``persistent``
+    (default true) whether it outlives the task, ``mode``, ``config`` per-store options): what orch
+    does as SkyPilot would is kept, the rest refused by name."""
+    name = spec["name"]
+    for field, value in spec.items():
+        k = key + (field,)
+        if field in ("name", "store"):
+            continue
+        if field == "source":
+            tr.refuse(k, f"file_mounts {path}: source {_short(value)} synced into volume {name}",
+                      f"put it in the workdir and copy it onto the volume in setup: (`cp -rn DIR {path}/`)")
+        elif field == "config":
+            tr.refuse(k, f"file_mounts {path}: config: (per-store options for volume {name})",
+                      "drop it: orch mounts the volume as its provider makes it")
+        elif field == "persistent":
+            if value is False:
+                tr.refuse(k, f"file_mounts {path}: persistent: false (volume {name} deleted when the task ends)",
+                          f"orch keeps a volume until `orch volume rm {name}`: run that after the job (outputs: "
+                          "brings home what the job leaves)")
+            if value is not True:
+                tr.wrong(k, "true or false", value)
+            tr.notes.append(f"file_mounts.{path}.persistent: true, as orch keeps volume {name}: until `orch volume rm "
+                            f"{name}`")
+        elif field == "mode":
+            if str(value).upper() != "MOUNT":
+                tr.refuse(k, f"file_mounts {path}: mode {value} for volume {name}",
+                          "a volume is mounted (mode: MOUNT), never copied")
+        else:
+            _unknown(tr, k, STORAGE_KEYS, "a file_mounts storage")
+    _volume(tr, path, name, key)
 
 
 def _bucket(source) -> str:
@@ -570,6 +617,39 @@ def _dstack(tr: _Translation, data: dict) -> None:
             _unknown(tr, k, [*DSTACK_KEYS, *tr.task_keys], "a dstack task")
     if "resources" not in data:
         tr.put(("resources", "cpu"), True, ("type",), "no resources: a CPU machine (dstack's default has no GPU)")
+    if not isinstance(data.get("resources"), dict) or "disk" not in data["resources"]:
+        tr.put(("resources", "disk"), DSTACK_DISK_GB, ("type",), f"no resources.disk: resources.disk: {DSTACK_DISK_GB} "
+               "(GB, dstack's default: 100GB..)")
+    if "repos" not in data and "workdir" not in tr.data:
+        named = _files_named(tr.path.parent, (tr.data.get("setup"), tr.data.get("run")))
+        if named:
+            tr.warnings.append(
+                f"the commands name {', '.join(named)} (beside the file), but no repos: attaches its folder: the "
+                "command starts in an empty workdir, as under dstack, and will not find them; add `repos: [.]` "
+                "(the folder goes up as the workdir; `orch run --dry-run` says how big)")
+
+
+def _files_named(folder: Path, scripts) -> list[str]:
+    """The words of ``scripts`` that are files in ``folder`` (``python train.py``, ``-r requirements.txt``,
+    ``--config=cfg.yaml``), at most three: what a command expects to find in its workdir."""
+    import shlex
+
+    found: list[str] = []
+    for script in scripts:
+        try:
+            words = shlex.split(script or "", comments=True)
+        except ValueError:  # an unclosed quote: the plain words
+            words = (script or "").split()
+        for word in words:
+            word = word.rsplit("=", 1)[-1]
+            if not word or "$" in word or word.startswith(("-", "/", "~")) or word in found or len(word) > 255:
+                continue
+            try:
+                if (folder / word).is_file():
+                    found.append(word)
+            except (OSError, ValueError):
+                continue
+    return found[:3]
 
 
 def _short(value) -> str:
@@ -589,8 +669,11 @@ def _commands(tr: _Translation, value, key: tuple) -> str:
     return " && ".join(out)
 
 
-def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, float | None]:
-    """(GPU name, count, least VRAM) from dstack's GPU spec; count 0: no GPU."""
+def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, float | None, float | None]:
+    """(GPU name, count, least VRAM, most VRAM) from dstack's GPU spec; count 0: no GPU. A memory is a
+    ``Range`` as dstack's resources.py reads it: ``24GB`` is exactly 24GB (min and max), ``24GB..``
+    at least, ``..80GB`` at most; its offers are filtered on both ends (``min_gpu_memory`` and
+    ``max_gpu_memory`` of the query, core/backends/base/offers.py)."""
     spec: dict[str, Any] = {}
     if isinstance(value, bool):
         tr.wrong(key, "a GPU spec (A100:2, 24GB, 2)", value)
@@ -626,15 +709,16 @@ def _dstack_gpu(tr: _Translation, value, key: tuple) -> tuple[str | None, int, f
         tr.wrong(key, "a GPU count (2, 1..2)", spec.get("count"))
     if low != high:
         tr.notes.append(f"{'.'.join(key)}: count {spec.get('count')} -> {count} (orch rents an exact count: the least)")
-    vram = None
+    vram = most = None
     if spec.get("memory") is not None:
-        mem_low, _ = _range(spec["memory"])
+        mem_low, mem_high = _range(spec["memory"])
         vram = _gb(mem_low) if mem_low else None
-        if mem_low and vram is None:
-            tr.wrong(key, "a GPU memory (24GB, 24GB..80GB)", spec["memory"])
+        most = _gb(mem_high) if mem_high else None
+        if (mem_low and vram is None) or (mem_high and most is None) or (vram and most and vram > most):
+            tr.wrong(key, "a GPU memory (24GB, 24GB.., 24GB..80GB)", spec["memory"])
     names = spec.get("name")
     name = _gpu_name(_one_gpu(tr, [str(n) for n in names], key)) if names else None
-    return name, count, vram
+    return name, count, vram, most
 
 
 def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
@@ -644,7 +728,7 @@ def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
     for name, value in res.items():
         k = key + (name,)
         if name == "gpu":
-            gpu, count, vram = _dstack_gpu(tr, value, k)
+            gpu, count, vram, most = _dstack_gpu(tr, value, k)
             if count == 0:
                 tr.put(("resources", "cpu"), True, k, f"resources.gpu: {value} -> resources.cpu: true")
                 continue
@@ -653,8 +737,11 @@ def _dstack_resources(tr: _Translation, res, key: tuple) -> None:
             tr.put(("resources", "gpus"), count, k)
             if vram:
                 tr.put(("resources", "min_vram"), vram, k)
+            if most:
+                tr.put(("resources", "max_vram"), most, k)
             tr.notes.append(f"resources.gpu: {value} -> resources.gpu: {gpu or 'any'}, gpus: {count}"
-                            + (f", min_vram: {vram:g} (GB per GPU)" if vram else ""))
+                            + (f", min_vram: {vram:g}" if vram else "") + (f", max_vram: {most:g}" if most else "")
+                            + (" (GB per GPU)" if vram or most else ""))
         elif name == "disk":
             size = value.get("size") if isinstance(value, dict) else value
             low, _ = _range(size)
@@ -711,4 +798,26 @@ def _dstack_volumes(tr: _Translation, value, key: tuple) -> None:
             name = name[0]
         if not sep or not path:
             tr.wrong(k, "NAME:PATH", vol)
+        if isinstance(name, str) and "${{" in name:
+            _per_node(tr, path, name, k)
+            continue
         _volume(tr, path, name, k)
+
+
+# dstack's volume name interpolation (``interpolate_job_volumes``, server/services/jobs/configurators/base.py:
+# ``dstack.node_rank`` and its alias ``dstack.job_num``); orch names node R's volume NAME-R.
+NODE_RANK = re.compile(r"([a-z0-9][a-z0-9-]*)-\$\{\{\s*dstack\.(?:node_rank|job_num)\s*\}\}")
+
+
+def _per_node(tr: _Translation, path, name: str, key: tuple) -> None:
+    """``NAME-${{ dstack.node_rank }}``: node R mounts ``NAME-R``, orch's ``per_node: true``."""
+    m = NODE_RANK.fullmatch(name.strip())
+    if not m:
+        tr.refuse(key, f"volume name {name}", "one volume per node, named NAME-${{ dstack.node_rank }} here, or in "
+                                              "orch's words `volumes: {PATH: {name: NAME, per_node: true}}` (node R "
+                                              "mounts NAME-R)")
+    base = m.group(1)
+    tr.data.setdefault("volumes", {})[str(path)] = {"name": base, "per_node": True}
+    tr.came_from[("volumes", str(path))] = key
+    tr.notes.append(f"{'.'.join(map(str, key))}: volume {name} at {path} -> volumes: {{{path}: {{name: {base}, "
+                    f"per_node: true}}}} (node R mounts {base}-R)")

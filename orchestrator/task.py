@@ -52,6 +52,7 @@ class Resources(_Strict):
     bid: Optional[float] = Field(None, gt=0, lt=1000)
     max_price: Optional[float] = Field(None, gt=0, lt=10000)  # $/hr: offers above it are not ranked
     min_vram: Optional[float] = Field(None, gt=0, le=4096)  # GB per GPU (dstack's gpu: 24GB, SkyPilot's A100-80GB)
+    max_vram: Optional[float] = Field(None, gt=0, le=4096)  # GB per GPU at most (dstack's gpu: 24GB, 24GB..80GB)
 
 
 class Train(_Strict):
@@ -336,6 +337,10 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
                              "`orch run` (its value is read at launch and never stored)")
     if task.resources.cpu and task.resources.gpu:
         raise UsageError(f"{at('resources', 'gpu')}: resources: cpu: true and a gpu exclude each other")
+    low, high = task.resources.min_vram, task.resources.max_vram
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"{at('resources', 'max_vram')}: resources: max_vram {high:g} is below min_vram {low:g}: "
+                         "no GPU has both")
     volume_flags(task, at)
 
 

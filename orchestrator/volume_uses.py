@@ -74,7 +74,22 @@ def check_path(path: str, where: str = "--volume") -> str:
     if not (home or text.startswith("/")) or body in ("/", "//") or ".." in text.split("/"):
         raise UsageError(f"{where}: {path!r} is no mount path: an absolute path such as /data, or one inside the "
                          "instance's home such as ~/data (not the home or / itself)")
+    if hides_login(body, home):
+        raise UsageError(f"{where}: {path!r} would hide the login's home or its SSH keys: a volume mounted there covers "
+                         "what orch logs in with (authorized_keys, the workdir), and the machine is lost to it; mount "
+                         "at /data or ~/data")
     return ("~" + body) if home else body
+
+
+# Where a mount would cover what a login needs: the homes (``/home/ubuntu`` on Lambda's images,
+# ``/root`` on RunPod's and vast's), the folders above them, and sshd's own keys and configuration.
+HIDDEN = re.compile(r"/(home(/[^/]+)?|root|etc(/ssh)?)")
+
+
+def hides_login(body: str, in_home: bool) -> bool:
+    """Whether a mount at ``body`` (normalised; ``in_home``: below ``~``) hides a login's home or keys:
+    a home or a folder above one, ``/etc/ssh``, or any ``.ssh`` folder or path inside one."""
+    return ".ssh" in body.split("/") or (not in_home and bool(HIDDEN.fullmatch(body)))
 
 
 def check_volume_name(name: str, per_node: bool, where: str) -> None:

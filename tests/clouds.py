@@ -74,6 +74,23 @@ def orch_proc(*args, env=None) -> subprocess.Popen:
     return orch_popen(args, env)
 
 
+def lost_midway(job: str, copies: int, timeout: float, *args, node_rank: int = 0) -> tuple[str, str]:
+    """``orch run ... --wait`` (``args``) in the background; once job ``job`` has ``copies`` checkpoint
+    copies at home, its machine (node ``node_rank`` of the first attempt) destroyed from outside; then
+    the command's end, within ``timeout`` seconds: (stdout, stderr). Killed if anything goes wrong."""
+    proc = orch_proc(*args)
+    try:
+        ledger = open_orch().ledger
+        wait_for(lambda: (ledger.job(job) or None) and (ledger.job(job).checkpoint_epoch or 0) >= copies, 240,
+                 f"{copies} checkpoint copy(ies) of {job} at home")
+        node = next(i for i in ledger.instances() if i.name.startswith(f"{job}-a1") and (i.node_rank or 0) == node_rank)
+        open_orch().provider(node.provider).destroy(node.provider_id)
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def open_orch():
     from orchestrator.lifecycle import Orch
 

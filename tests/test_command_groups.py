@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.clouds import local_billing, open_orch, orch_proc, wait_for
+from tests.clouds import local_billing, lost_midway, open_orch, orch_proc, wait_for
 from tests.conftest import ROOT, run_orch, skip_without
 
 EXAMPLES = ROOT / "examples"
@@ -97,18 +97,8 @@ def test_a_lost_node_is_replaced_alone_and_the_group_resumes_from_the_restored_c
     shutil.copytree(EXAMPLES / "torchrun-2-nodes", work)
     task = (work / "task.yaml").read_text().replace("checkpoint_minutes: 10", "checkpoint_minutes: 0.02")
     (work / "task.yaml").write_text(task)
-    proc = orch_proc("run", "-f", work / "task.yaml", "--provider", "local", "--cpu", "--env", "STEPS=80",
-                     "--env", "STEP_SLEEP=0.25", "--wait", "--json")
-    try:
-        ledger = open_orch().ledger
-        wait_for(lambda: (ledger.job("ddp") or None) and (ledger.job("ddp").checkpoint_epoch or 0) >= 1, 240,
-                 "a checkpoint copy at home")
-        node1 = next(r for r in group_rows("ddp-a1-") if r.node_rank == 1)
-        open_orch().provider("local").destroy(node1.provider_id)  # the machine is gone, from outside
-        out, err = proc.communicate(timeout=480)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = lost_midway("ddp", 1, 480, "run", "-f", work / "task.yaml", "--provider", "local", "--cpu", "--env",
+                           "STEPS=80", "--env", "STEP_SLEEP=0.25", "--wait", "--json", node_rank=1)
     job = json.loads(out)
     assert job["state"] == "completed", (job["history"][-5:], err[-2000:])
     rows = group_rows("ddp-a1-")

@@ -68,7 +68,12 @@ def test_with_no_provider_key_a_dry_run_shows_dated_list_prices_marked_as_such(o
     proc = run_orch("run", "-f", task, "--dry-run", check=0)
     listed = [line for line in proc.stdout.splitlines() if re.match(r"\s+\d+\. ", line)]
     assert listed and all(" 80 GB " in line for line in listed), proc.stdout
-    assert "with at least 80 GB each" in proc.stdout
+    assert "with 80 GB each" in proc.stdout, "dstack's 80GB is a range of one value: exactly 80GB"
+    # A range keeps both its ends (dstack's query has min_gpu_memory and max_gpu_memory).
+    task.write_text(task.read_text().replace("gpu: 80GB", "gpu: 40GB..48GB"))
+    proc = run_orch("run", "-f", task, "--dry-run", check=0)
+    sizes = [float(m.group(1)) for m in re.finditer(r"x \S.*? (\d+(?:\.\d+)?) GB \(", proc.stdout)]
+    assert sizes and all(40 <= gb <= 48 for gb in sizes) and "with 40 to 48 GB each" in proc.stdout, proc.stdout
     nothing_created(orch_home)
 
 
@@ -86,3 +91,21 @@ def test_the_catalogue_is_dated_and_every_price_has_its_public_source():
     with open(ROOT / "pyproject.toml", "rb") as f:
         shipped = tomllib.load(f)["tool"]["setuptools"]["package-data"]["orchestrator"]
     assert "catalogue.json" in shipped, "the wheel carries it"
+
+
+def test_a_group_dry_run_says_which_providers_it_leaves_out_and_where_hf_home_goes(orch_home):
+    """`nodes: 2` asks only the providers that rent groups: the dry run names the others. With a
+    volume, HF_HOME goes on it (the hub's downloads survive the machine): the dry run says where."""
+    group = run_orch("run", "pair", "--gpu", "A100", "--nodes", "2", "--dry-run", "--", "true", check=0).stdout
+    left_out = [line for line in group.splitlines() if "not asked, as they rent no group:" in line]
+    assert len(left_out) == 1 and "vastai" in left_out[0], group
+    one = run_orch("run", "one", "--gpu", "A100", "--dry-run", "--", "true", check=0).stdout
+    assert "rent no group" not in one, one
+    run_orch("volume", "create", "hub", "--provider", "local", "--size", "1")
+    dry = run_orch("run", "x", "--provider", "local", "--cpu", "--volume", "hub:~/hub", "--dry-run", "--", "true",
+                   check=0).stdout
+    assert "volume   hub at ~/hub" in dry and "HF_HOME  ~/hub/hf: the hub's downloads stay on the volume" in dry, dry
+    own = run_orch("run", "x", "--provider", "local", "--cpu", "--volume", "hub:~/hub", "--env", "HF_HOME=/cache",
+                   "--dry-run", "--", "true", check=0).stdout
+    assert "volume   hub at ~/hub" in own and "HF_HOME  " not in own, "a task's own HF_HOME is left as it is"
+    nothing_created(orch_home)

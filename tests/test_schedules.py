@@ -117,6 +117,48 @@ def test_cron_fields_as_posix_has_them():
     assert first["0 0 13 * fri"] == at(2025, 1, 3), "both day fields restricted: either one matches (POSIX)"
 
 
+def test_the_day_fields_as_cronie_runs_them():
+    """cronie's rule (github.com/cronie-crond/cronie: ``src/entry.c`` sets DOM_STAR/DOW_STAR for a
+    day field starting with '*', ``src/cron.c`` then needs dom AND dow; OR otherwise), not
+    croniter's: ``*/2`` beside a weekday is the odd days that are that weekday."""
+    from orchestrator import cron
+
+    def first(expr: str, n: int = 4) -> list[datetime]:
+        return list(islice(cron.Cron.of(expr, "UTC").occurrences(at(2025, 2, 1)), n))
+
+    # Odd days AND Mondays: Feb 3 and 17, Mar 3 and 17 (croniter alone adds every odd day and every Monday).
+    assert first("0 0 */2 * 1") == [at(2025, 2, 3), at(2025, 2, 17), at(2025, 3, 3), at(2025, 3, 17)]
+    # The 1st AND a Sunday, Tuesday, Thursday or Saturday: after July 2nd 2025 (a Wednesday), August 1st is a
+    # Friday, September 1st a Monday, October 1st a Wednesday: November 1st (a Saturday) is the next.
+    assert cron.Cron.of("0 0 1 * */2", "UTC").next_after(at(2025, 7, 2)) == at(2025, 11, 1)
+    # The same days written without a leading '*': either field matches (POSIX).
+    assert first("0 0 1-31/2 * 1") == [at(2025, 2, 1), at(2025, 2, 3), at(2025, 2, 5), at(2025, 2, 7)]
+    # Both restricted, one side never meets the month: the other still runs (every Monday of February).
+    assert first("0 0 30 2 1") == [at(2025, 2, 3), at(2025, 2, 10), at(2025, 2, 17), at(2025, 2, 24)]
+    assert cron.Cron.of("0 0 30 2 1", "UTC").latest(at(2025, 6, 1)) == at(2025, 2, 24)
+    # A Sunday written 0 at the end of a day-of-week range is 7 (cronie's get_range): Friday to Sunday.
+    assert first("0 0 * * fri-sun", 3) == first("0 0 * * 5-0", 3) == [at(2025, 2, 1), at(2025, 2, 2), at(2025, 2, 7)]
+
+
+@pytest.mark.parametrize("expr, said", [
+    ("0 0 5-1 * *", "the day-of-month field '5-1' has a range that goes down (5-1)"),
+    ("0 22-2 * * *", "the hour field '22-2' has a range that goes down (22-2)"),
+    ("0 0 * dec-jan *", "the month field 'dec-jan' has a range that goes down (dec-jan)"),
+    ("0 0 * * 5-1", "the day-of-week field '5-1' has a range that goes down (5-1)"),
+    ("0 0 30 2 */2", "never happens: the day-of-month field '30' and the month field '2' never meet (a day field "
+                     "starting with * makes both day fields required"),
+])
+def test_cron_refuses_what_cron_would_never_run_as_written(expr, said):
+    """Vixie cron refuses a range that goes down (``num1 > num2`` in its ``get_range``); today's
+    cronie sets no value for it (the field never matches); croniter would wrap it round."""
+    from orchestrator import cron
+    from orchestrator.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        cron.parse(expr)
+    assert said in str(e.value), str(e.value)
+
+
 def test_the_next_run_of_0_2_in_madrid_is_0200_madrid_time(orch_home, tmp_path):
     from orchestrator import cron
 

@@ -87,6 +87,7 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
                          "or train: (a LibreYOLO training)")
     task.check(t, path, lines, _dry_run_environ(t, dry_run))
     _say_translation(path, lines)
+    _warn_gpu_counts(t, path, lines)
     name = name or t.name
     if not name:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: the job needs a name: name: in the "
@@ -99,9 +100,10 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
         raise UsageError(f"{task.where(path, lines, 'name') if path and t.name == name else 'orch run'}: {e}") from None
     providers = [res.provider] if isinstance(res.provider, str) else list(res.provider or [])
     if t.train is not None:
-        if res.min_vram is not None:
-            raise UsageError(f"{task.where(path, lines, 'resources', 'min_vram')}: resources.min_vram is for a command "
-                             "(run:); a train: job names its gpu")
+        for key in ("min_vram", "max_vram"):
+            if getattr(res, key) is not None:
+                raise UsageError(f"{task.where(path, lines, 'resources', key)}: resources.{key} is for a command "
+                                 "(run:); a train: job names its gpu")
         return Training(name, _train_options(t, options), t.max_cost, t.max_hours, t.retries, t.keep, providers,
                         res.max_price)
     given = [flag for key, flag in TRAINING_FLAGS.items() if _given(key)]
@@ -179,7 +181,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
                                       providers)
     js = jobs.JobSpec(kind="command", work=cmd, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
-                      nodes=t.nodes, volumes=volumes, min_vram=res.min_vram)
+                      nodes=t.nodes, volumes=volumes, min_vram=res.min_vram, max_vram=res.max_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
                            disk_given=res.disk is not None)
 
@@ -209,6 +211,21 @@ def _say_translation(path, lines) -> None:
         say(line)
 
 
+def _warn_gpu_counts(t, path, lines) -> None:
+    """A group on CPU machines whose command counts processes by GPUs (``DSTACK_GPUS_NUM``, ...): each
+    is 0 there, and a launcher given 0 starts nothing, or falls back to a world of one on every node,
+    trains apart and reports success. Said before anything is rented."""
+    from orchestrator import nodes, task
+
+    read = nodes.gpu_counts_read(t.setup, t.run)
+    if t.nodes > 1 and t.resources.cpu and read:
+        where = task.where(path, lines, "run") if path else "orch run"
+        say(f"orch: warning: {where}: {', '.join(read)} {'is' if len(read) == 1 else 'are'} 0 on CPU machines: a "
+            f"launcher started with that many processes per node starts none, or falls back to one world per node "
+            f"(the {t.nodes} nodes train apart); count processes with $ORCH_PROCS_PER_NODE (the GPUs, 1 on a CPU "
+            "machine)")
+
+
 def _dry_run_environ(t, dry_run: bool):
     """The environment ``task.check`` reads the secrets from: a dry run warns of each secret not set
     now (the launch refuses it then) and plans on; a launch reads this one."""
@@ -233,16 +250,57 @@ def print_plan(sub, choice) -> None:
         out(f"  nodes    {nodes}, rented together (all or nothing) on {choice.provider}; each gets ORCH_NODE_RANK, "
             f"ORCH_NUM_NODES={nodes}, ORCH_NODE_IPS, ORCH_MASTER_ADDR, ORCH_MASTER_PORT, ORCH_GPUS_PER_NODE; "
             "a lost node is replaced alone")
+        dropped = _cannot_group(js.providers)
+        if dropped:
+            out(f"  nodes    not asked, as they rent no group: {', '.join(dropped)}")
+    _volumes(js)
     _offers(js, choice)
     out("  dry run: nothing rented, nothing recorded")
+
+
+def _cannot_group(asked) -> list[str]:
+    """The providers a group job left out where none was named (``instances.group_providers`` asks
+    every one that rents groups): those that rent none. Nothing where the job names its own."""
+    from orchestrator.cli import instances
+    from orchestrator.provider import RentsGroups
+
+    known = sorted(_provider_names())
+    able = [p for p in known if isinstance(instances.renter(p), RentsGroups)]
+    if not set(able) <= set(asked or []):
+        return []
+    return [p for p in known if p not in able]
+
+
+def _volumes(js) -> None:
+    """Which volume each path mounts, and where ``HF_HOME`` goes (``volume_mounts.env``: the first
+    volume's ``hf``, unless the task sets its own)."""
+    from orchestrator.volume_mounts import HF_DIR
+    from orchestrator.volume_uses import Use
+
+    uses = [Use.from_dict(u) for u in js.volumes or []]
+    if not uses:
+        return
+    def names(use) -> str:
+        return ", ".join(use.volume(r) for r in range(js.nodes)) if use.per_node else use.name
+
+    for use in uses:
+        out(f"  volume   {names(use)} at {use.path}" + (", one per node (node R mounts its own)" if use.per_node else ""))
+    work = js.work
+    if "HF_HOME" not in (getattr(work, "env", None) or {}) and "HF_HOME" not in (getattr(work, "secrets", None) or []):
+        out(f"  HF_HOME  {uses[0].path}/{HF_DIR}: the hub's downloads stay on the volume ({names(uses[0])})")
+
+
+def _vram(low: float | None, high: float | None) -> str:
+    if low and high:
+        return f" with {low:g} GB each" if low == high else f" with {low:g} to {high:g} GB each"
+    return f" with at least {low:g} GB each" if low else f" with at most {high:g} GB each" if high else ""
 
 
 def _head(sub) -> None:
     """What the task is: its machines, what it runs, its caps."""
     js = sub.spec
     req = js.request
-    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}" + (
-        f" with at least {js.min_vram:g} GB each" if js.min_vram else "")
+    what = "CPU only" if req.cpu else f"{req.gpus}x {req.gpu or 'any GPU'}" + _vram(js.min_vram, js.max_vram)
     out(f"task {sub.name}: {js.nodes} node(s), {what}" + (", spot" if req.spot else "")
         + (f", disk {req.disk_gb} GB" if sub.disk_given else ""))
     for line in js.kind_of().plan_lines(sub.name):
@@ -272,10 +330,13 @@ def print_list_prices(sub) -> bool:
         elif not provider.embedded:  # a provider with a key was asked: its answer stands
             return False
     date, _ = catalogue.load()
-    rows = catalogue.matching(req.gpu, req.gpus, js.min_vram, unkeyed)
+    rows = catalogue.matching(req.gpu, req.gpus, js.min_vram, unkeyed, js.max_vram)
     if not unkeyed or not rows:
         return False
     _head(sub)
+    dropped = _cannot_group(js.providers) if js.nodes > 1 else []
+    if dropped:
+        out(f"  nodes    not asked, as they rent no group: {', '.join(dropped)}")
     out(f"  plan     no live offer: no key here for {', '.join(unkeyed)} (`orch check` says what each needs); "
         "a launch asks the providers live")
     per = f"per hour for {js.nodes} nodes" if js.nodes > 1 else "per hour"

@@ -50,7 +50,8 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     mode = "spot" if req.spot else "on-demand"
     work = kind.workload(js)  # None: ranked per hour
     query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,
-                         max_price=js.max_price, volumes=volume_mounts.volumes_of(req), min_vram=js.min_vram)
+                         max_price=js.max_price, volumes=volume_mounts.volumes_of(req), min_vram=js.min_vram,
+                         max_vram=js.max_vram)
     answer = offers.search(orch, query, work, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")

@@ -57,6 +57,7 @@ def _refused(spec: JobSpec) -> None:
     number(spec.images, "images", 0, 1 << 40, int)
     number(spec.max_price, "max_price", 1e-9, 10_000)
     number(spec.min_vram, "min_vram", 1e-9, 4096)
+    number(spec.max_vram, "max_vram", 1e-9, 4096)
     if spec.volumes is not None:  # names and paths as `orch run` checks them
         from orchestrator import volume_uses
 
@@ -94,6 +95,7 @@ class JobSpec:
     nodes: int = 1  # machines per attempt: a group (``jobs.group``)
     max_price: float | None = None  # $/hr: offers above it are not ranked
     min_vram: float | None = None  # GB per GPU: offers with less are not ranked
+    max_vram: float | None = None  # GB per GPU: offers with more are not ranked (dstack's memory range)
     # What it mounts (``volume_uses.Use`` as dicts: names and paths): placed again at each plan, so a
     # relaunch goes where the volumes are (``volume_mounts.narrow``).
     volumes: list[dict] | None = None
@@ -109,7 +111,7 @@ class JobSpec:
         return json.dumps({"train": None, self.kind: work, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
                            "nodes": self.nodes, "max_price": self.max_price, "volumes": self.volumes,
-                           "min_vram": self.min_vram},
+                           "min_vram": self.min_vram, "max_vram": self.max_vram},
                           sort_keys=True)
 
     @classmethod
@@ -136,7 +138,8 @@ class JobSpec:
             spec = cls(kind=kind, work=KINDS[kind].load(d[kind]), request=Request(**request),
                        providers=d.get("providers"), ssh_timeout=d.get("ssh_timeout"),
                        policy=d.get("policy") or "{}", images=d.get("images"), nodes=d.get("nodes") or 1,
-                       max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"))
+                       max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"),
+                       max_vram=d.get("max_vram"))
         except (TypeError, ValueError, AttributeError) as e:
             raise UsageError(f"the job's stored spec is refused: {e}") from None
         _refused(spec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shutil
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from orchestrator import claims
 from orchestrator.errors import OrchError
 from orchestrator.jobs.kinds.base import JobKind, Launched
 from orchestrator.jobs.record import checkpoint_dir, copies, loads, log_tail, note_once, tail_lines, weights_dir
-from orchestrator.nodes import is_plain_ip
+from orchestrator.nodes import Run, is_plain_ip, mpi_hostfile, run_env
 from orchestrator.task import CommandSpec
 from orchestrator.text import clean
 from orchestrator.text import why as _why
@@ -52,12 +53,14 @@ def node_environment(cmd: CommandSpec, rank: int, ips: list[str], gpus: int, por
 
 
 def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept: frozenset = frozenset(),
-           reuse_workdir: bool = False):
+           reuse_workdir: bool = False, job=None):
     """Start the command on every node of a ready group (one machine: a group of one), ranks in
     the nodes' order: the workdir up and the checkpoint folder restored on each (in parallel),
     a port free on the head, then every node started. A node in ``kept`` (a survivor of a lost
     peer) keeps its workdir as the command left it (downloads, caches) and skips ``setup``, which
     succeeded there; ``reuse_workdir`` (`orch exec` without a workdir) keeps every node's as it is.
+    Every node also finds who the run is (``nodes.run_env``: ``job``'s id as SkyPilot's task id,
+    the same at each relaunch; without a job, `orch exec`, one id per exec) and an MPI hostfile.
     Returns the head's run row (running); a node that could not start ends the
     others' commands before the error goes on."""
     from orchestrator import parallel as par
@@ -98,6 +101,8 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
         port = train.free_port(c, ips[0]) if size > 1 else train.free_port(c, "127.0.0.1")
     gpus = 0 if head.cpu_only else (head.gpus or 1)
     runs: list = [None] * size
+    who = _who(job, head, size)
+    hosts = mpi_hostfile(ips, gpus)
 
     def start(rank: int) -> int:
         node, s = nodes[rank], staged[rank]
@@ -106,8 +111,11 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
         run = orch.ledger.add_run(instance_id=node.id, model="command", data=cmd.workdir or "-",
                                   data_bytes=cmd.workdir_bytes, epochs=0, gpu_name=node.gpu_name, state="starting")
         run_dir = f"{s['work']}/runs/r{run.id}"
+        hostfile = f"{run_dir}/mpi/hostfile"
+        env.update(run_env(replace(who, node=node.id), s["cwd"], cmd.workdir, hostfile))
         with orch.connect(node) as c:
             kill_point("before-train")
+            remote.put_text(c, hosts, hostfile, 0o644)
             pid = command.start(c, run_dir, s["cwd"], None if node.id in kept else cmd.setup, cmd.run, env, secrets)
         runs[rank] = orch.ledger.update_run(run.id, run_dir=run_dir, pid=pid, state="running", ended_at=None,
                                             args=json.dumps({"kind": "command", "node_rank": rank, "secrets": cmd.secrets},
@@ -126,6 +134,17 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
     orch.say(f"      command started, pid {pids[0]}, run {run.run_dir}" if size == 1 else
              f"      command started on {size} nodes (pids {', '.join(map(str, pids))}); head {ips[0]}:{port}")
     return run
+
+
+def _who(job, head, size: int):
+    """Who the run is (``nodes.Run``): the job's id and name; without a job (`orch exec`), one new
+    id for this exec and the machine's name."""
+    import secrets as random
+
+    cluster = (head.group_name or head.name) if size > 1 else head.name
+    if job is not None:
+        return Run(job.id, job.name, head.id, cluster, head.provider)
+    return Run(f"exec-{random.token_hex(6)}", cluster, head.id, cluster, head.provider)
 
 
 def _all(nodes: list, outcomes: list, what: str) -> list:
@@ -367,7 +386,7 @@ class CommandKind(JobKind):
     def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
         src = checkpoint_dir(orch.home, job.name, copy) if copy else None
         start = copy if src is not None and src.is_dir() else None
-        run = launch(orch, nodes, self.spec, src if start else None, kept)
+        run = launch(orch, nodes, self.spec, src if start else None, kept, job=job)
         return Launched(run, start, f"checkpoint folder restored from copy {start}" if start is not None else "started")
 
     def read(self, orch, inst, run) -> dict:
@@ -521,6 +540,9 @@ class CommandKind(JobKind):
 
             total, count = workdir.measure(Path(cmd.workdir), cmd.workdir_max_mb, "workdir")
             out.append(f"  workdir  {cmd.workdir}: {count} file(s), {total / 1e6:.2f} MB (cap {cmd.workdir_max_mb:g} MB)")
+        else:
+            out.append("  workdir  none: the command starts in an empty folder (workdir: in the file, repos: in a "
+                       "dstack file, or --workdir DIR, to upload one)")
         if cmd.env:
             out.append(f"  env      {', '.join(sorted(cmd.env))}")
         if cmd.secrets:
