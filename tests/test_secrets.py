@@ -238,7 +238,8 @@ def test_redact_hides_every_form_of_a_value():
 PRINTS_DISGUISED = r'''
 printf 'hex %s\n' "$(printf %s "$MY_TOKEN" | od -An -tx1 | tr -d ' \n')"
 printf 'HEX %s!\n' "$(printf %s "$MY_TOKEN" | od -An -tx1 | tr -d ' \n' | tr a-f A-F)"
-python -c 'import os; t = os.environ["MY_TOKEN"]; print("colour " + "".join("\x1b[3%dm%s" % (i % 7, c) for i, c in enumerate(t)) + "\x1b[0m end")'
+python -c 'import os; t = os.environ["MY_TOKEN"]
+print("colour " + "".join("\x1b[3%dm%s" % (i % 7, c) for i, c in enumerate(t)) + "\x1b[0m end")'
 python -c 'import os; print("backwards", os.environ["MY_TOKEN"][::-1])'
 exit 3
 '''
@@ -296,7 +297,7 @@ def test_a_pulled_log_is_hidden_before_it_lands_and_an_unchanged_one_is_not_pull
         run_orch("pull", "box", env=env, check=0)
         run_orch("status", "box", env=env, check=0)
     after = log.stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "the unchanged log was pulled again"
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "an unchanged log pulled again"
 
     # orch killed just before, and just after, the log's rename into place: a pull into a copy of the
     # run's folder that lacks only the log, so the log is the one file it brings

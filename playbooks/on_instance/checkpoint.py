@@ -400,7 +400,8 @@ def read_zip(path):
             data = torch_pickle(f, os.fstat(f.fileno()).st_size)
         named = refused_global(data)
         if named is not None:
-            return False, None, f"its pickle names {named[:120]}, not only tensors and plain containers: not resumed from"
+            return False, None, (f"its pickle names {named[:120]}, not only tensors and plain containers: not "
+                                 "resumed from")
         ckpt = _Inert(io.BytesIO(data)).load()
     except NotTorch as e:
         return False, None, str(e)
