@@ -21,8 +21,8 @@ Whatever the instance says (its file list, sizes, names) is checked before it to
   ``out/c/d`` too) is that file's failure, left on the instance and said, never the pull's end;
 - a secret the run's command got is hidden in every text file as its bytes arrive (``hide``,
   ``text.Redactor``), before anything is written here: a crash mid-pull leaves no value in clear at
-  home. The manifest records the size the file has here once hidden, so an unchanged file is not
-  pulled again.
+  home. The manifest records the bytes the instance gave and the size they came to here once
+  hidden, so an unchanged file is not pulled again.
 
 The manifest is saved in batches (and at the end, whatever happens), so a look over many files
 costs in proportion to them. A pull that cannot verify a file raises: its caller (``orch down``,
@@ -264,8 +264,8 @@ def _one(c, run_dir: str, f: RunFile, dest: Path, manifest: dict, sums: dict, sa
             return f"{f.rel[:120]} on the instance is not a regular file in the run folder: not pulled"
         size, mtime, sha, offset = theirs
         here = _fetch(c, f"{run_dir}/{f.rel}", target, size, sha, manifest, dest, f.rel, mtime, offset, saved, hide)
-        if here is not None:  # its size here: what the instance gave, less what was hidden
-            manifest[f.rel] = [size, mtime, sha, here]
+        if here is not None:  # its size here (what was hidden taken out), and the bytes the instance gave
+            manifest[f.rel] = [size, mtime, sha, here, size - offset]
             saved.changed()
             return None
         # It changed while we read it: its sum again (the others' sums still stand).
@@ -336,8 +336,11 @@ def _fresh(dest: Path, manifest: dict, f: RunFile) -> bool:
     have = manifest.get(f.rel)
     target = dest / f.rel
     want = f.size if f.newest is None else min(f.size, f.newest)
-    if isinstance(have, list) and len(have) >= 4 and isinstance(have[3], int) and not isinstance(have[3], bool):
-        want = have[3]  # what came home, a secret hidden in it (what the instance holds is have[:2])
+    if isinstance(have, list) and len(have) >= 5 and all(isinstance(n, int) and not isinstance(n, bool)
+                                                         for n in have[3:5]):
+        if have[4] != want:  # another part of it asked for (a log's cap changed)
+            return False
+        want = have[3]  # what it came to here, a secret hidden in it
     try:
         return (isinstance(have, list) and have[:2] == [f.size, f.mtime] and target.is_file()
                 and not target.is_symlink() and target.stat().st_size == want)
