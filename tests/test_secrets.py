@@ -312,3 +312,23 @@ def test_a_pulled_log_is_hidden_before_it_lands_and_an_unchanged_one_is_not_pull
     run_orch("down", "box", "--yes", check=0)
     assert scan_tree(orch_home, forms) == [], "the instance is gone: no value anywhere at home"
     assert local_billing(orch_home) == set()
+
+
+def test_a_log_hidden_as_it_arrives_hides_a_value_cut_anywhere_between_two_reads():
+    """The pull hides a log chunk by chunk (``text.Redactor``): a value in every form, cut at any byte
+    by the reads, is hidden all the same, and a line with no break at all too."""
+    from orchestrator.text import Redactor, redact
+
+    token = "tok/" + secrets.token_hex(8) + "+Z="
+    forms = disguised_forms(token)
+    log = "".join(f"{what}: {shown} end\n" for what, shown in forms.items()).encode()
+    whole = redact(log.decode(), [token]).encode()
+    assert not any(shown.encode() in whole for shown in forms.values()) and whole.count(b"***") == len(forms)
+    for cut in range(1, len(log)):
+        hiding = Redactor([token])
+        assert hiding.feed(log[:cut]) + hiding.feed(log[cut:]) + hiding.end() == whole, cut
+    hiding = Redactor([token])
+    hiding.LINE, hiding.OVERLAP = 256, 64
+    endless = b"x" * 250 + token.encode() + b"y" * 500 + token.encode()
+    got = b"".join(hiding.feed(endless[i:i + 100]) for i in range(0, len(endless), 100)) + hiding.end()
+    assert got == b"x" * 250 + b"***" + b"y" * 500 + b"***" and hiding.size == len(got)
