@@ -38,10 +38,10 @@ EMBEDDED = (
     ("train_entry.py", ("LAZY_FAMILIES", "name_map_without_lazy_families", "build")),
     ("hub_push.py", ("OrchHubPush",)),
     ("extract.py", ("orch_extract", "point")),
-    ("checkpoint.py", ("_DTYPES", "_STORAGES", "_QSCHEMES", "ALLOWED", "_REAL", "MAX_PICKLE", "_STRINGS", "_GETS",
-                       "_PUTS", "_NEUTRAL", "_resolved", "allowed", "refused_global", "_Stub", "_Inert", "_epoch_of",
-                       "NotTorch", "_RECORDS", "_MAX_DIRECTORY", "_fields", "_zip64", "torch_pickle", "read_zip",
-                       "check")),
+    ("checkpoint.py", ("_DTYPES", "_STORAGES", "_QSCHEMES", "ALLOWED", "_REAL", "MAX_PICKLE", "MAX_OPS", "_STRINGS",
+                       "_GETS", "_PUTS", "_NEUTRAL", "_resolved", "allowed", "refused_global", "_Stub", "_bytearray",
+                       "_encode", "_clipped", "_GUARDED", "_Inert", "_epoch_of", "NotTorch", "_RECORDS",
+                       "_MAX_DIRECTORY", "MAX_RECORDS", "_fields", "_zip64", "torch_pickle", "read_zip", "check")),
 )
 PACKAGES = ["libreyolo>=1.6,<2", "huggingface_hub>=0.24"]
 HOUR = 3600

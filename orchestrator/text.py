@@ -50,7 +50,12 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
     alternatives = []
     for value in {s for s in secrets if s}:
         alternatives.append(re.escape(value))
+        if len(value) >= _MIN_FRAGMENT:  # `rev`: a short value reversed matches much else
+            alternatives.append(re.escape(value[::-1]))
         alternatives += [re.escape(f) for f in _base64_forms(value.encode())]
+        # hex (xxd -p, od, a client dumping its request), either case: whole bytes, so the same digits
+        # wherever the value sits in a longer dump
+        alternatives.append(f"(?i:{value.encode().hex()})")
         for encoded in {quote(value), quote(value, safe=""), quote_plus(value), quote_plus(value, safe="")} - {value}:
             # %2F or %2f: the hex digits of a percent escape in either case
             alternatives.append("".join(f"%(?i:{part[:2]})" + re.escape(part[2:]) if i else re.escape(part)
@@ -60,31 +65,99 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
     return re.compile("|".join(sorted(set(alternatives), key=len, reverse=True)))
 
 
+# What a terminal shows as nothing: escape sequences (colours, cursor moves, titles) and the other
+# control characters but the line breaks and tabs. A value with these between its characters
+# (`printf '%s\e[0m%s'`, a coloured logger) still shows in clear on a terminal and to a reader.
+_INVISIBLE = re.compile(_ANSI.pattern + r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
 def redact(text, secrets) -> str | None:
-    """``text`` with every secret value in ``secrets`` replaced by ``***``, as printed, base64-encoded
-    (any alignment, either alphabet) or URL-encoded: what a command's log, a ``set -x`` or a client
-    printing its token shows. The one place this is done: whatever stores, shows or posts text from
-    an instance that got secrets passes it through here first. None stays None."""
+    """``text`` with every secret value in ``secrets`` replaced by ``***``, as printed, reversed,
+    base64-encoded (any alignment, either alphabet), hex (either case) or URL-encoded, also with
+    terminal escapes or control characters between its characters (what a terminal shows as the
+    value): what a command's log, a ``set -x`` or a client printing its token shows. The one place
+    this is done: whatever stores, shows or posts text from an instance that got secrets passes it
+    through here first. None stays None."""
     if text is None or not secrets:
         return text
     pattern = _pattern(tuple(sorted(secrets)))
-    return text if pattern is None else pattern.sub(MASK, text)
+    if pattern is None:
+        return text
+    text = pattern.sub(MASK, text)
+    return _hidden_through_escapes(text, pattern) if _INVISIBLE.search(text) else text
 
 
-def redact_file(path: Path, secrets) -> bool:
-    """A file at home (a pulled log) rewritten with ``redact``, through a new file renamed into place
-    (its bytes kept as they are elsewhere); True when something was hidden."""
-    import os
+def _hidden_through_escapes(text: str, pattern: re.Pattern) -> str:
+    """The values ``pattern`` finds once the invisible characters are taken out of ``text``, hidden
+    in ``text`` itself: each from its first visible character to its last, escapes between included."""
+    import bisect
 
-    path = Path(path)
-    data = path.read_bytes().decode("utf-8", "surrogateescape")
-    hidden = redact(data, secrets)
-    if hidden == data:
-        return False
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.redact")
-    tmp.write_bytes(hidden.encode("utf-8", "surrogateescape"))
-    os.replace(tmp, path)
-    return True
+    starts, kept, pieces, at = [], [], [], 0  # the visible runs: where each starts in text, in the stripped text
+    length = 0
+    for m in _INVISIBLE.finditer(text):
+        if m.start() > at:
+            starts.append(length)
+            kept.append(at)
+            pieces.append(text[at:m.start()])
+            length += m.start() - at
+        at = m.end()
+    if at < len(text):
+        starts.append(length)
+        kept.append(at)
+        pieces.append(text[at:])
+    visible = "".join(pieces)
+
+    def where(i):  # the position in text of the stripped text's character i
+        run = bisect.bisect_right(starts, i) - 1
+        return kept[run] + i - starts[run]
+
+    out, at = [], 0
+    for m in pattern.finditer(visible):
+        start, end = where(m.start()), where(m.end() - 1) + 1
+        out += [text[at:start], MASK]
+        at = end
+    return "".join(out) + text[at:]
+
+
+class Redactor:
+    """``redact`` over bytes as they arrive (a log being pulled), so the value never lands on disk
+    in clear: each line is hidden once it is whole. A line longer than ``LINE`` with no break is
+    hidden in blocks, each cut where no value as printed straddles it."""
+
+    LINE = 1 << 20
+    OVERLAP = 64 << 10  # longer than any value's form: what a block keeps back for the next
+
+    def __init__(self, secrets):
+        self.secrets, self.carry, self.size = [s for s in secrets if s], b"", 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.carry + chunk
+        cut = data.rfind(b"\n") + 1
+        if not cut and len(data) > self.LINE:
+            cut = data.rfind(b"\r") + 1 or self._cut(data)
+        self.carry = data[cut:]
+        return self._hide(data[:cut])
+
+    def end(self) -> bytes:
+        out, self.carry = self._hide(self.carry), b""
+        return out
+
+    def _cut(self, data: bytes) -> int:
+        cut = len(data) - self.OVERLAP
+        pattern = _pattern(tuple(sorted(self.secrets)))
+        text = data.decode("latin-1")  # one character a byte: positions are the bytes'
+        for m in pattern.finditer(text, max(0, cut - self.OVERLAP)) if pattern is not None else ():
+            if m.start() < cut < m.end():
+                return m.start()
+        return cut
+
+    def _hide(self, data: bytes) -> bytes:
+        if not data:
+            return data
+        text = data.decode("utf-8", "surrogateescape")
+        out = redact(text, self.secrets).encode("utf-8", "surrogateescape")
+        self.size += len(out)
+        return out
 
 
 def why(e: BaseException) -> str:

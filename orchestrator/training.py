@@ -433,7 +433,6 @@ def run_secrets(run) -> list[str]:
 
 def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: bool):
     from orchestrator.task import held_secrets
-    from orchestrator.text import redact_file
     from playbooks import pull as pulling
     from playbooks import train
 
@@ -450,10 +449,7 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
                         f"(this orch process does not hold {', '.join(missing)} to hide it)")
             files = [f for f in files if f.rel.endswith(".pt")]
         got = pulling.pull(c, run.run_dir, files, target, strict=not only_milestones, bounds=run_bounds(run),
-                           log=lambda m: left.append(m) if m.startswith("left on the instance") else None)
-    for rel in got if hide else []:
-        if not rel.endswith(".pt"):
-            redact_file(target / rel, hide)
+                           log=lambda m: left.append(m) if m.startswith("left on the instance") else None, hide=hide)
     for line in left if not only_milestones else []:  # what the bounds left: said, and on the instance's record
         orch.say(f"      {line}")
         orch.ledger.note(inst.id, line[:500], orch.actor)

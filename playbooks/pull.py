@@ -18,7 +18,11 @@ Whatever the instance says (its file list, sizes, names) is checked before it to
   there are (a sparse 1.5 GB train.log costs it nothing, nor a new 200 MB file at every look): what
   is left on the instance is said, never pulled;
 - a file this machine cannot hold under its name (a name over 255 bytes; ``out/c`` a file and
-  ``out/c/d`` too) is that file's failure, left on the instance and said, never the pull's end.
+  ``out/c/d`` too) is that file's failure, left on the instance and said, never the pull's end;
+- a secret the run's command got is hidden in every text file as its bytes arrive (``hide``,
+  ``text.Redactor``), before anything is written here: a crash mid-pull leaves no value in clear at
+  home. The manifest records the bytes the instance gave and the size they came to here once
+  hidden, so an unchanged file is not pulled again.
 
 The manifest is saved in batches (and at the end, whatever happens), so a look over many files
 costs in proportion to them. A pull that cannot verify a file raises: its caller (``orch down``,
@@ -38,6 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
+from orchestrator.kill_points import kill_point
 from playbooks import host
 
 # The files of a LibreYOLO run orch brings home, and nothing else.
@@ -197,7 +202,7 @@ def destination(dest: Path, rel: str) -> Path:
 
 
 def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: bool = True,
-         bounds: Bounds | None = None) -> list[str]:
+         bounds: Bounds | None = None, hide=()) -> list[str]:
     """Bring ``files`` home to ``dest``, skipping what is there unchanged; returns what was pulled.
     ``strict``: a file the instance listed but will not vouch for (no checksum, never matching), or
     that this machine failed to write (a full disk), is an error: the caller must not destroy. Not
@@ -205,7 +210,8 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
     that changed while it was read. ``bounds``: what the run could have written and the budget
     (default: the caps alone); what they leave on the instance is logged, and under ``strict`` what
     the budget leaves is an error (raise it, or destroy by hand). A file whose name this machine
-    cannot hold is left on the instance and logged, strict or not: no later look could bring it."""
+    cannot hold is left on the instance and logged, strict or not: no later look could bring it.
+    ``hide``: secret values, hidden in every file but the weights before it is written here."""
     dest = Path(dest)
     bounds = bounds or Bounds.of_run(None)
     try:
@@ -223,7 +229,7 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
         sums = _sums(c, run_dir, todo)
         for f in todo:
             try:
-                problem = _one(c, run_dir, f, dest, manifest, sums, saved)
+                problem = _one(c, run_dir, f, dest, manifest, sums, saved, hide if not f.rel.endswith(".pt") else ())
             except OSError as e:  # this machine's, for this one file
                 if e.errno in _UNNAMEABLE:
                     unnamed.append(f"{f.rel[:120]} ({e.strerror or e}: not a name this machine can hold)")
@@ -248,7 +254,7 @@ def pull(c, run_dir: str, files: list[RunFile], dest: Path, log=print, strict: b
     return got
 
 
-def _one(c, run_dir: str, f: RunFile, dest: Path, manifest: dict, sums: dict, saved) -> str | None:
+def _one(c, run_dir: str, f: RunFile, dest: Path, manifest: dict, sums: dict, saved, hide=()) -> str | None:
     """One file home, verified and in the manifest; None, or why not (an OSError of this machine's
     is raised to the caller)."""
     target = destination(dest, f.rel)
@@ -257,8 +263,9 @@ def _one(c, run_dir: str, f: RunFile, dest: Path, manifest: dict, sums: dict, sa
         if theirs is None:
             return f"{f.rel[:120]} on the instance is not a regular file in the run folder: not pulled"
         size, mtime, sha, offset = theirs
-        if _fetch(c, f"{run_dir}/{f.rel}", target, size, sha, manifest, dest, f.rel, mtime, offset, saved):
-            manifest[f.rel] = [size, mtime, sha, size - offset]
+        here = _fetch(c, f"{run_dir}/{f.rel}", target, size, sha, manifest, dest, f.rel, mtime, offset, saved, hide)
+        if here is not None:  # its size here (what was hidden taken out), and the bytes the instance gave
+            manifest[f.rel] = [size, mtime, sha, here, size - offset]
             saved.changed()
             return None
         # It changed while we read it: its sum again (the others' sums still stand).
@@ -329,6 +336,11 @@ def _fresh(dest: Path, manifest: dict, f: RunFile) -> bool:
     have = manifest.get(f.rel)
     target = dest / f.rel
     want = f.size if f.newest is None else min(f.size, f.newest)
+    if isinstance(have, list) and len(have) >= 5 and all(isinstance(n, int) and not isinstance(n, bool)
+                                                         for n in have[3:5]):
+        if have[4] != want:  # another part of it asked for (a log's cap changed)
+            return False
+        want = have[3]  # what it came to here, a secret hidden in it
     try:
         return (isinstance(have, list) and have[:2] == [f.size, f.mtime] and target.is_file()
                 and not target.is_symlink() and target.stat().st_size == want)
@@ -351,35 +363,43 @@ def _checked(value, newest: int | None = None) -> tuple[int, float, str, int] | 
 
 
 def _fetch(c, path: str, target: Path, size: int, sha: str, manifest: dict, dest: Path, rel: str,
-           mtime: float, start: int = 0, saved=None) -> bool:
+           mtime: float, start: int = 0, saved=None, hide=()) -> int | None:
     """One download, from byte ``start`` of the instance's file, into a temporary file of this
-    process's own; True once it verified and was renamed. What fails on the instance's side raises
-    an OrchError; what fails on this machine's (its name, its disk) an OSError."""
+    process's own; its size here once it verified and was renamed, else None. What fails on the
+    instance's side raises an OrchError; what fails on this machine's (its name, its disk) an
+    OSError. ``hide``: secret values hidden as the bytes arrive (such a copy is never resumed: what
+    is here is not what the instance holds)."""
+    from orchestrator.text import Redactor
+
+    hiding = Redactor(hide) if hide else None
     parts = manifest.setdefault(_PARTS, {})
     if not isinstance(parts, dict):
         parts = manifest[_PARTS] = {}
     target.parent.mkdir(parents=True, exist_ok=True)
     destination(dest, rel)  # the folder just made must not have become a link meanwhile
     h = hashlib.sha256()
-    part, offset = _resume(dest, parts, rel, size, mtime, sha, h)
+    part, offset = _resume(dest, parts, rel, size, mtime, sha, h) if hiding is None else (None, 0)
     if part is None:
         # A short name of its own (never the file's name and more: that could pass 255 bytes).
         part = target.with_name(f".orch-pull-{os.getpid()}-{secrets.token_hex(4)}.part")
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        if size - start >= RESUMABLE:  # worth resuming after a break: recorded at once
+        if size - start >= RESUMABLE and hiding is None:  # worth resuming after a break: recorded at once
             parts[rel] = [size, mtime, sha, part.name]
             _save(dest, manifest)
     else:
         fd = os.open(part, os.O_WRONLY | os.O_APPEND)
     try:
         with os.fdopen(fd, "ab") as out:
-            left, extra = _copy(c, path, rel, start + offset, size - start - offset, out, h)
+            left, extra = _copy(c, path, rel, start + offset, size - start - offset, out, h, hiding)
+            here = out.tell()
         if left or extra or h.hexdigest() != sha:
             part.unlink(missing_ok=True)
             if parts.pop(rel, None) is not None:
                 _save(dest, manifest)
-            return False
+            return None
+        kill_point("pull-written")
         os.replace(part, target)
+        kill_point("pull-renamed")
     except OSError:
         part.unlink(missing_ok=True)
         parts.pop(rel, None)
@@ -390,12 +410,13 @@ def _fetch(c, path: str, target: Path, size: int, sha: str, manifest: dict, dest
         raise
     if parts.pop(rel, None) is not None and saved is not None:
         saved.changed()
-    return True
+    return here
 
 
-def _copy(c, path: str, rel: str, at: int, left: int, out, h) -> tuple[int, bytes]:
-    """``left`` bytes of the instance's ``path`` from ``at`` into ``out``; (what was missing, what
-    came past the end). The instance's errors are OrchErrors; ``out``'s are this machine's OSErrors."""
+def _copy(c, path: str, rel: str, at: int, left: int, out, h, hiding=None) -> tuple[int, bytes]:
+    """``left`` bytes of the instance's ``path`` from ``at`` into ``out`` (through ``hiding``, a
+    ``text.Redactor``, when given; ``h`` hashes them as they came); (what was missing, what came
+    past the end). The instance's errors are OrchErrors; ``out``'s are this machine's OSErrors."""
     def theirs(call, *args):
         try:
             return call(*args)
@@ -411,9 +432,11 @@ def _copy(c, path: str, rel: str, at: int, left: int, out, h) -> tuple[int, byte
             chunk = theirs(src.read, min(1 << 20, left))
             if not chunk:
                 break
-            out.write(chunk)
+            out.write(chunk if hiding is None else hiding.feed(chunk))
             h.update(chunk)
             left -= len(chunk)
+        if hiding is not None:
+            out.write(hiding.end())
         extra = theirs(src.read, 1)  # more than its stat said: it grew (or lies)
     finally:
         try:

@@ -229,9 +229,12 @@ def test_a_real_libreyolo_last_pt_names_only_tensors_and_containers(tiny_run):
     import pickletools
     import zipfile
 
+    from orchestrator import checkpoint_vet
+
     last = tiny_run / "weights" / "last.pt"
     got = checkpoint.check(str(last))
     assert got["loads"] and got["epoch"] == 1, got
+    assert checkpoint_vet.vet(last) == (1, None), "at home, in its bounded child process, it passes too"
     with zipfile.ZipFile(last) as z:
         data = z.read("last/data.pkl")
     named = {tuple(a.split(" ")) for op, a, _ in pickletools.genops(data) if op.name == "GLOBAL"}

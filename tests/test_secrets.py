@@ -3,7 +3,9 @@ event, ``--json`` output or command line, on this machine or the instance, while
 
 import getpass
 import json
+import re
 import secrets
+import shutil
 import threading
 
 import pytest
@@ -230,3 +232,103 @@ def test_redact_hides_every_form_of_a_value():
     unheld = tail_lines(f"a\n{token}\nb", ["ORCH_TEST_ABSENT_SECRET"])
     assert unheld.startswith("(left out: this orch process does not hold ORCH_TEST_ABSENT_SECRET")
     assert token not in unheld
+
+
+# -- hex, escapes, reversed (issue 53, finding 6) and the pull that hides as it writes (finding 7) ---------
+PRINTS_DISGUISED = r'''
+printf 'hex %s\n' "$(printf %s "$MY_TOKEN" | od -An -tx1 | tr -d ' \n')"
+printf 'HEX %s!\n' "$(printf %s "$MY_TOKEN" | od -An -tx1 | tr -d ' \n' | tr a-f A-F)"
+python -c 'import os; t = os.environ["MY_TOKEN"]
+print("colour " + "".join("\x1b[3%dm%s" % (i % 7, c) for i, c in enumerate(t)) + "\x1b[0m end")'
+python -c 'import os; print("backwards", os.environ["MY_TOKEN"][::-1])'
+exit 3
+'''
+
+
+def disguised_forms(token: str) -> dict[str, str]:
+    """The token as PRINTS_DISGUISED prints it, and as it reads once the escapes are taken out."""
+    coloured = "".join(f"\x1b[3{i % 7}m{c}" for i, c in enumerate(token))
+    return {"value": token, "hex": token.encode().hex(), "HEX": token.encode().hex().upper(),
+            "between escapes": coloured, "reversed": token[::-1]}
+
+
+def test_a_secret_printed_in_hex_or_between_escape_codes_comes_home_hidden(orch_home):
+    """A failing command prints its token in hex (`od`, lower and upper case), with a colour escape
+    between each character (a terminal shows it whole) and reversed: each came home in clear in the
+    pulled log, the job's reason and events, `jobs show` and `jobs logs` (issue 53). Now each is `***`."""
+    token = "tok/" + secrets.token_hex(12) + "+Z="
+    forms = disguised_forms(token)
+    env = {"MY_TOKEN": token}
+    outputs = [run_orch("run", "hexed", "--cpu", "--secret", "MY_TOKEN", "--wait", "--json", "--", "bash", "-c",
+                        PRINTS_DISGUISED, env=env, check=1)]
+    outputs += [run_orch(*args, env=env, check=0) for args in (
+        ("jobs", "show", "hexed", "--json"), ("jobs", "show", "hexed"), ("jobs", "logs", "hexed"))]
+    job = json.loads(outputs[1].stdout)
+    assert job["state"] == "failed" and job["exit_code"] == 3, job["reason"]
+    pulled = (orch_home / "runs" / "hexed" / "train.log").read_text()
+    colourless = re.compile(r"\x1b\[[0-9;]*m")
+    for line in ("hex ***", "HEX ***!", "colour *** end", "backwards ***"):
+        assert line in colourless.sub("", pulled), pulled
+        assert line in colourless.sub("", outputs[3].stdout), outputs[3].stdout
+    assert "end" in pulled and "HEX ***!" in job["reason"], "only the value is hidden, not what follows it"
+    problems = scan_tree(orch_home, forms)
+    problems += [f"output: {w}" for p in outputs for w in leaks(p.stdout + p.stderr, forms)]
+    assert problems == [], problems
+    assert local_billing(orch_home) == set()
+
+
+def test_a_pulled_log_is_hidden_before_it_lands_and_an_unchanged_one_is_not_pulled_again(orch_home, tmp_path):
+    """The pull wrote the log home as the instance had it, then hid the secret in it: orch killed in
+    between (a crash, Ctrl-C twice, the OOM killer) left the value in clear at home. And the hidden
+    log no longer had the instance's size, so every look pulled it again (issue 53). Now it is
+    hidden as it arrives, and the look after finds it at home as it was."""
+    from tests.clouds import arrange
+
+    arrange(open_orch(), "box")
+    token = "tok/" + secrets.token_hex(12) + "+Z="
+    forms = disguised_forms(token)
+    env = {"MY_TOKEN": token}
+    run_orch("exec", "box", "--secret", "MY_TOKEN", "--", "bash", "-c", "echo token=$MY_TOKEN; exit 3", env=env,
+             check=3)
+    log = orch_home / "runs" / "box" / "train.log"
+    assert "token=***" in log.read_text()
+    before = log.stat()
+    for _ in range(2):  # `orch pull` and `orch status` look again: the log is unchanged on the instance
+        run_orch("pull", "box", env=env, check=0)
+        run_orch("status", "box", env=env, check=0)
+    after = log.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "an unchanged log pulled again"
+
+    # orch killed just before, and just after, the log's rename into place: a pull into a copy of the
+    # run's folder that lacks only the log, so the log is the one file it brings
+    for point, left in (("pull-written", ".orch-pull-*.part"), ("pull-renamed", "train.log")):
+        dest = tmp_path / point
+        shutil.copytree(log.parent, dest)
+        (dest / "train.log").unlink()
+        killed = run_orch("pull", "box", "--dest", dest, env={**env, "ORCH_TEST_KILL_AT": point}, check=None)
+        assert killed.returncode == -9, (point, killed.stdout + killed.stderr)
+        assert list(dest.glob(left)), f"killed at {point} before the log was written: {list(dest.iterdir())}"
+        assert scan_tree(dest, forms) == [], point
+    run_orch("down", "box", "--yes", check=0)
+    assert scan_tree(orch_home, forms) == [], "the instance is gone: no value anywhere at home"
+    assert local_billing(orch_home) == set()
+
+
+def test_a_log_hidden_as_it_arrives_hides_a_value_cut_anywhere_between_two_reads():
+    """The pull hides a log chunk by chunk (``text.Redactor``): a value in every form, cut at any byte
+    by the reads, is hidden all the same, and a line with no break at all too."""
+    from orchestrator.text import Redactor, redact
+
+    token = "tok/" + secrets.token_hex(8) + "+Z="
+    forms = disguised_forms(token)
+    log = "".join(f"{what}: {shown} end\n" for what, shown in forms.items()).encode()
+    whole = redact(log.decode(), [token]).encode()
+    assert not any(shown.encode() in whole for shown in forms.values()) and whole.count(b"***") == len(forms)
+    for cut in range(1, len(log)):
+        hiding = Redactor([token])
+        assert hiding.feed(log[:cut]) + hiding.feed(log[cut:]) + hiding.end() == whole, cut
+    hiding = Redactor([token])
+    hiding.LINE, hiding.OVERLAP = 256, 64
+    endless = b"x" * 250 + token.encode() + b"y" * 500 + token.encode()
+    got = b"".join(hiding.feed(endless[i:i + 100]) for i in range(0, len(endless), 100)) + hiding.end()
+    assert got == b"x" * 250 + b"***" + b"y" * 500 + b"***" and hiding.size == len(got)

@@ -370,3 +370,112 @@ def test_a_copy_an_attempt_crashed_on_as_it_resumed_is_forgotten_and_a_lost_mach
     job = resume_copy.crashed_on(orch, job, resumed, "training crashed: UnpicklingError: Weights only load failed")
     assert job.checkpoint_epoch is None and not copy.exists()
     assert "starts over at epoch 1" in loads(job.history, [])[-1]["text"]
+
+
+# -- bounded whatever the bytes say (issue 53, finding 3) ---------------------------------------------------
+class _Allocates:
+    """What the pickle asks the checker to build: ``bytearray(2**31)``, 2 GB on its say-so."""
+
+    def __reduce__(self):
+        return bytearray, (2 ** 31,)
+
+
+def _as_torch_saves(path: Path, data: bytes) -> Path:
+    """``data`` as the pickle of a checkpoint in torch's exact layout: written by ``torch.save`` itself,
+    through a pickle module whose pickler writes these bytes."""
+    import types
+
+    import torch
+
+    class Pickler:
+        def __init__(self, out, protocol=None):
+            self.out = out
+
+        def dump(self, obj):
+            self.out.write(data)
+
+    torch.save(None, path, pickle_module=types.SimpleNamespace(Pickler=Pickler, __name__="raw"))
+    return path
+
+
+def _many_records(path: Path, n: int) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("last/data.pkl", pickle.dumps({"epoch": 0}, protocol=2))
+        z.writestr("last/version", "3\n")
+        for i in range(n):
+            z.writestr(f"last/data/{i}", b"\0")
+    return path
+
+
+_MEASURED = textwrap.dedent("""
+    import json, resource, sys
+    from pathlib import Path
+    from orchestrator import checkpoint_vet
+    got = [checkpoint_vet.vet(Path(p)) for p in sys.argv[1:]]
+    # This process's own peak (VmHWM: its ru_maxrss counts the test process it was forked from), its children's.
+    own = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    peak = [own >> 10, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10]
+    print("RESULT " + json.dumps({"got": got, "peak_mb": peak, "torch": "torch" in sys.modules}))
+""")
+
+
+def _vetted_at_home(*paths: Path) -> dict:
+    """``checkpoint_vet.vet`` of each, as the controller runs it, and the peak memory (MB) of that process
+    and of its children. The process may not take more than 1.5 GB: without bounds the check would take
+    gigabytes (MemoryError then)."""
+    import resource
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+    proc = subprocess.run([sys.executable, "-c", _MEASURED, *map(str, paths)], capture_output=True, text=True,
+                          timeout=300, preexec_fn=capped)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def test_a_checkpoint_that_asks_for_gigabytes_is_refused_in_megabytes(tmp_path):
+    """Three small archives in torch's own layout, each passing the check on main while the checking
+    process (the controller's own) took what the pickle asked: ``bytearray(2**31)`` (2 GB for a
+    file of a kilobyte), one ``LONG_BINPUT`` of index 2**28 (the unpickler sizes its memo by it: 4 GB
+    and 30 s), five million opcodes. Each is refused, saying why, and the check took megabytes."""
+    allocates = _as_torch_saves(tmp_path / "bytearray.pt",
+                                pickle.dumps({"epoch": 1, "x": _Allocates()}, protocol=2))
+    memo = _as_torch_saves(tmp_path / "memo.pt",
+                           b"\x80\x02}q\x00X\x05\x00\x00\x00epochq\x01K\x01sr" + struct.pack("<I", 2 ** 28) + b".")
+    busy = _as_torch_saves(tmp_path / "busy.pt", b"\x80\x02" + b"N0" * 2_600_000 + b"}X\x05\x00\x00\x00epochK\x01s.")
+    assert allocates.stat().st_size < 2000 and memo.stat().st_size < 2000
+    for path in (allocates, memo, busy):
+        with zipfile.ZipFile(path) as z:  # torch's layout: its writer's records, and the check's reading of them
+            assert {n.split("/", 1)[1] for n in z.namelist()} >= {"data.pkl", "byteorder", "version"}
+
+    seen = _vetted_at_home(allocates, memo, busy)
+    (held_a, why_a), (held_m, why_m), (held_b, why_b) = seen["got"]
+    assert held_a is None and "bytearray(2147483648)" in why_a, why_a
+    assert held_m is None and f"memo slot {2 ** 28}" in why_m, why_m
+    assert held_b is None and "opcodes" in why_b, why_b
+    controller, child = seen["peak_mb"]
+    assert controller < 200 and child < 100, seen["peak_mb"]
+    assert not seen["torch"], "the controller imported torch"
+
+
+def test_an_archive_of_too_many_records_is_refused(tmp_path):
+    """Every record is read and held (a CRC, a name) before the pickle is: 150,000 of them took the
+    check's time and memory on main and passed. A real checkpoint has a few thousand."""
+    path = _many_records(tmp_path / "many.pt", 150_000)
+    held, why = _vetted_at_home(path)["got"][0]
+    assert held is None and "150002 records" in why, why
+    assert checkpoint.check(str(_many_records(tmp_path / "few.pt", 3)))["loads"], "a few records are fine"
+
+
+def test_the_check_at_home_runs_in_a_child_that_cannot_take_the_controller_s_memory(tmp_path, monkeypatch):
+    """Whatever the script's own bounds missed costs the child, refused, never the controller: here the
+    child's memory cap is set below what a check needs, and the answer is a refusal that says so."""
+    from orchestrator import checkpoint_vet
+
+    path = tmp_path / "last.pt"
+    _save(path, "x" * (8 << 20))  # 8 MB of text in its pickle: reading it takes that much more
+    assert checkpoint_vet.vet(path) == (3, None)
+    monkeypatch.setattr(checkpoint_vet, "MEMORY_MB", 4)
+    held, why = checkpoint_vet.vet(path)
+    assert held is None and "more memory than this check may take" in why, why

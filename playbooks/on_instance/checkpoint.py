@@ -41,6 +41,15 @@ Then the pickle is read once more with every allowed class replaced by an inert 
 in it runs) to find the epoch: the number of epochs completed (LibreYOLO stores the 0-based index
 of the last one; its resume continues at that + 1). Standard library only, so that a look at a
 training instance costs a fraction of a second instead of a torch import.
+
+Bounded whatever the bytes say, as the controller runs it on a file a rented machine wrote: no more
+than ``MAX_RECORDS`` records, ``MAX_PICKLE`` bytes of pickle and ``MAX_OPS`` opcodes in it (a real
+LibreYOLO ``last.pt`` of yolo9-t: 4,445 records, 0.9 MB and 225,000 opcodes); a memo index only
+next to those already written (the unpickler sizes its memo by the largest index: one
+``LONG_BINPUT`` of 2**28 cost 4 GB and 30 s); the few real callables take only what torch writes
+for them (``bytearray(2**31)`` allocates 2 GB on the pickle's say-so; ``_codecs.encode`` with
+another codec may cost far more than its input). ``--max-mb N`` also caps the process's memory
+(``RLIMIT_AS``), as the controller runs it (``orchestrator.checkpoint_vet``).
 """
 import _compat_pickle
 import io
@@ -75,7 +84,8 @@ ALLOWED = frozenset(
 # The few plain containers the epoch reader builds for real; every other allowed name is a _Stub.
 _REAL = {("collections", "OrderedDict"), ("collections", "Counter"), ("builtins", "set"), ("builtins", "frozenset"),
          ("builtins", "slice"), ("builtins", "complex"), ("builtins", "bytearray"), ("_codecs", "encode")}
-MAX_PICKLE = 256 << 20  # LibreYOLO's data.pkl is about 1 MB (the tensors are records of their own)
+MAX_PICKLE = 64 << 20  # LibreYOLO's data.pkl is about 1 MB (the tensors are records of their own)
+MAX_OPS = 5_000_000  # its opcodes: about 225,000 in yolo9-t's, 50 a tensor; reading them costs about 1 us each
 
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
@@ -98,11 +108,20 @@ def allowed(module, name):
 def refused_global(data):
     """None when every global the pickle ``data`` names is allowed, else what it names. Read from
     the opcodes alone. STACK_GLOBAL takes its names from the stack: the two strings pushed just
-    before it are tracked (directly, or through the memo), and any other shape is refused."""
+    before it are tracked (directly, or through the memo), and any other shape is refused.
+    NotTorch for a pickle the unpickler could not read within bounds: over ``MAX_OPS`` opcodes, or a
+    memo index past those written so far (a pickler numbers them 0, 1, 2...), or one read unwritten."""
     memo = {}
     top = below = None  # the strings on top of the stack, when known
-    for op, arg, _ in pickletools.genops(data):
+    for count, (op, arg, _) in enumerate(pickletools.genops(data)):
         kind = op.name
+        if count >= MAX_OPS:
+            raise NotTorch(f"its pickle holds over {MAX_OPS} opcodes: not a checkpoint of tensors")
+        if kind in _PUTS and not (isinstance(arg, int) and 0 <= arg <= len(memo)):
+            raise NotTorch(f"its pickle writes memo slot {arg} after {len(memo)}: no pickler numbers them so "
+                           "(the unpickler would size its memo by it)")
+        if kind in _GETS and arg not in memo:
+            raise NotTorch(f"its pickle reads memo slot {arg}, never written")
         if kind in ("GLOBAL", "INST"):
             module, _, name = arg.partition(" ")
             if not allowed(module, name):
@@ -147,10 +166,35 @@ class _Stub:
         pass
 
 
+def _bytearray(source=b"", *args):
+    """``bytearray`` as torch's pickles call it (from a string and its codec); a size is refused:
+    ``bytearray(N)`` allocates N bytes on the pickle's say-so."""
+    if not isinstance(source, (str, bytes)):
+        raise NotTorch(f"its pickle asks for bytearray({_clipped(source)}), not one made from bytes: not a checkpoint")
+    return bytearray(source, *args)
+
+
+def _encode(obj, encoding="utf-8", errors="strict"):
+    """``_codecs.encode`` as protocol 2 writes bytes (a string in latin-1); any other codec is refused:
+    some cost far more than their input (``punycode``, ``unicode_escape``)."""
+    if not isinstance(obj, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8", "ascii"):
+        raise NotTorch(f"its pickle encodes with {_clipped(encoding)}, not as torch writes bytes: not a checkpoint")
+    return obj.encode(encoding, errors)
+
+
+def _clipped(value):
+    return repr(value)[:40] if isinstance(value, (str, bytes, int, float)) else type(value).__name__
+
+
+_GUARDED = {("builtins", "bytearray"): _bytearray, ("_codecs", "encode"): _encode}
+
+
 class _Inert(pickle.Unpickler):
     def find_class(self, module, name):
         if not allowed(module, name):  # refused_global already said no; never reached for a checked pickle
             raise pickle.UnpicklingError(f"{module}.{name} is not allowed")
+        if _resolved(module, name) in _GUARDED:
+            return _GUARDED[_resolved(module, name)]
         if _resolved(module, name) in _REAL:
             return super().find_class(module, name)
         return _Stub
@@ -174,6 +218,7 @@ class NotTorch(Exception):
 _RECORDS = re.compile(r"data\.pkl|data/[0-9]{1,20}|byteorder|version|\.data/version|\.data/serialization_id"
                       r"|\.format_version|\.storage_alignment")
 _MAX_DIRECTORY = 64 << 20  # torch's central directory holds a few dozen bytes per tensor storage
+MAX_RECORDS = 100_000  # a record per tensor storage: 4,445 in yolo9-t's last.pt (model, EMA, optimizer)
 
 
 def _fields(extra, allowed):
@@ -245,6 +290,8 @@ def torch_pickle(f, size):
                        "before the archive): torch and a check would read two archives")
     if cd_size > _MAX_DIRECTORY or not 0 < n_all <= cd_size // 46:
         raise NotTorch("its central directory is not the size of its records: not torch's")
+    if n_all > MAX_RECORDS:
+        raise NotTorch(f"it holds {n_all} records, over the {MAX_RECORDS} a checkpoint of tensors has")
     f.seek(cd_at)
     directory = f.read(cd_size)
     records, at = [], 0
@@ -351,12 +398,13 @@ def read_zip(path):
     try:
         with open(path, "rb") as f:
             data = torch_pickle(f, os.fstat(f.fileno()).st_size)
+        named = refused_global(data)
+        if named is not None:
+            return False, None, (f"its pickle names {named[:120]}, not only tensors and plain containers: not "
+                                 "resumed from")
+        ckpt = _Inert(io.BytesIO(data)).load()
     except NotTorch as e:
         return False, None, str(e)
-    named = refused_global(data)
-    if named is not None:
-        return False, None, f"its pickle names {named[:120]}, not only tensors and plain containers: not resumed from"
-    ckpt = _Inert(io.BytesIO(data)).load()
     return True, _epoch_of(ckpt), None
 
 
@@ -375,10 +423,21 @@ def check(path):
             out["error"] = "torch's legacy (non-zip) format, which LibreYOLO never writes: not resumed from"
         else:  # empty or cut before its first bytes: torch.save has only just opened it
             out["error"] = "not a torch checkpoint" if head else "empty"
+    except MemoryError:
+        out["error"] = "reading it needs more memory than this check may take: not a checkpoint of tensors"
     except Exception as e:  # noqa: BLE001 - whatever fails to read is not a checkpoint to resume
         out["error"] = f"{type(e).__name__}: {e}"[:300]
     return out
 
 
+def limit_memory(mb):
+    """This process's address space capped at ``mb`` MB: past it an allocation fails (MemoryError)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
+
+
 if __name__ == "__main__":
-    print("ORCH_RESULT " + json.dumps(check(sys.argv[1])))
+    if sys.argv[1] == "--max-mb":  # python checkpoint.py --max-mb N PATH
+        limit_memory(int(sys.argv[2]))
+    print("ORCH_RESULT " + json.dumps(check(sys.argv[-1])))
