@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from orchestrator.errors import UsageError
 
@@ -110,6 +110,7 @@ class Task(_Strict):
     keep: bool = False
     schedule: Optional[Schedule] = None  # read by `orch schedule add` only
     volumes: dict[str, Union[str, VolumeSpec]] = Field(default_factory=dict)  # PATH: NAME (``volume_uses``)
+    _workdir_given: bool = PrivateAttr(False)  # --workdir on the command line: read from there, wherever it is
 
 
 # -- what a command job keeps in its spec (the ledger's jobs.spec): names, never a secret's value ---

@@ -8,6 +8,7 @@ sent, written or deleted. And a node's address from a provider is a plain IP lit
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from sqlalchemy import text
@@ -126,7 +127,11 @@ def test_a_packed_workdir_comes_from_orchs_cache_alone_and_a_changed_workdir_is_
     said = []
     workdir.ready(js.work, cache, said.append)
     assert js.work.workdir_tar == str(real) and said == [], "the cached tar is the job's: no folder is packed"
-    real.unlink()  # the cache cleaned: the folder the row names is packed, and must give the job's tar
+    real.unlink()  # the cache cleaned: a folder of credentials is never packed, whatever the row says
+    with pytest.raises(UsageError, match=r"~/\.ssh, which holds credentials"):
+        workdir.ready(js.work, cache, said.append)
+    assert list(cache.glob("workdir-*.tar")) == [], "nothing of ~/.ssh was packed"
+    js.work.workdir = str(elsewhere)  # another folder: packed again, it must give the job's tar
     with pytest.raises(UsageError, match="not what the job was made with"):
         workdir.ready(js.work, cache, said.append)
     assert list(cache.glob("workdir-*.tar")) == [], "a packed copy of the other folder was kept"
@@ -175,3 +180,22 @@ def test_only_a_plain_ip_literal_is_a_nodes_address(orch_home, address):
         remote = Remote("p1", inst.label, Status.RUNNING, endpoint=Endpoint("127.0.0.1", 22), private_ip=given)
         assert orch._endpoint(inst, orch.provider("local"), remote).private_ip == kept
         orch.ledger.transition(inst.id, states.FAILED, "test")
+
+
+def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_leaves(orch_home, tmp_path):
+    """Finding 2 of issue 53, from the ledger: a job row a teammate wrote (or changed) naming a
+    provider key got the key of whoever relaunched it (a reaper runs with every provider's key).
+    Refused unless a person handed it over on this machine (`--allow-secret`, kept at home): the
+    job fails saying which variable and why, nothing rented."""
+    key = "rpa_" + os.urandom(16).hex()
+    job_id = make_job(orch_home, tmp_path / "work", "keyed")
+    tamper_spec(job_id, lambda cmd: cmd.update(secrets=["RUNPOD_API_KEY"]))
+    shown = json.loads(run_orch("jobs", "show", "keyed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
+    job = open_orch().ledger.get_job(job_id)
+    assert shown["state"] == job.state == "failed", (job.state, job.reason)
+    assert "secret RUNPOD_API_KEY is the runpod provider's own setting" in job.reason, job.reason
+    assert open_orch().ledger.attempts(job_id) == []
+    nothing_rented(orch_home)
+    for path in orch_home.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path

@@ -44,7 +44,14 @@ def run(
     secret: Optional[List[str]] = typer.Option(None, "--secret", help="NAME of a variable of this environment the "
                                                                       "command gets (repeatable; never stored)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
-                                                                  "working directory."),
+                                                                  "working directory (a task file's own workdir: "
+                                                                  "is beside it)."),
+    workdir_max_mb: Optional[float] = typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir "
+                                                   "sends, in MB (default 200; a task file may lower it, not raise "
+                                                   "it)."),
+    allow_secret: Optional[List[str]] = typer.Option(None, "--allow-secret", help="NAME of one of orch's own "
+                                                     "credentials (a provider's key, HF_TOKEN) handed to the command "
+                                                     "as a secret, on purpose (repeatable)."),
     provider: Optional[List[str]] = typer.Option(None, "--provider", "-p", help="Providers to rank (repeatable; "
                                                  "default: every configured one). A CPU job uses the first (or the "
                                                  "default provider)."),
@@ -63,11 +70,12 @@ def run(
     everything, destroy. `orch up`'s options apply."""
     sub = None
     name, command = _after_dashes(name, command)
-    if file is not None or command or env or secret or workdir:
+    if file is not None or command or env or secret or workdir or allow_secret:
         from orchestrator.cli import task_run
 
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
-                               max_hours, retries, keep, options)
+                               max_hours, retries, keep, {**options, "allow_secret": allow_secret or [],
+                                                          "workdir_max_mb": workdir_max_mb})
         if isinstance(got, task_run.Training):
             name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
             retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
