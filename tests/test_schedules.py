@@ -519,6 +519,29 @@ def test_a_schedule_row_naming_a_provider_key_is_skipped_and_the_key_never_reach
     assert "RUNPOD_API_KEY" in shown["victim"]["last_skip"]["reason"]
 
 
+def test_schedule_add_refuses_a_provider_key_unless_allowed_and_then_stores_it_for_that_schedule_alone(orch_home,
+                                                                                                       tmp_path):
+    from orchestrator import scheduling
+
+    key = "rpa_" + os.urandom(16).hex()
+    task = secret_task(tmp_path, "keyed", "[RUNPOD_API_KEY]")
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@hourly", env={"RUNPOD_API_KEY": key}, check=2)
+    assert f"{task}:4: secret RUNPOD_API_KEY is the runpod provider's own setting" in proc.stderr, proc.stderr
+    assert "--allow-secret RUNPOD_API_KEY" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (orch_home / "ledger.db").exists() and not (orch_home / "schedule-secrets").exists()
+    run_orch("schedule", "add", "-f", task, "--cron", "@hourly", "--allow-secret", "RUNPOD_API_KEY",
+             env={"RUNPOD_API_KEY": key}, check=0)
+    assert key.encode() not in b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
+    orch = reaper()
+    due = schedule(orch, "keyed").due_at
+    got = scheduling.run_due(orch, due + MIN)
+    assert [d["state"] for d in got] == ["running"], got
+    until_ended(orch, got[0]["name"], due + 2 * MIN)
+    out = (orch_home / "runs" / got[0]["name"] / "out.txt").read_text()
+    assert out.split()[0] == hashlib.sha256(b"").hexdigest()  # its run printed $SCHED_TEST_TOKEN: not set
+    assert key in (orch_home / "runs" / got[0]["name"] / "env.txt").read_text(), "handed over on purpose"
+
+
 # -- the commands --------------------------------------------------------------------------------
 def test_pause_resume_run_replace_and_rm(orch_home, tmp_path):
     from orchestrator import scheduling

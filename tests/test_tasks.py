@@ -266,6 +266,13 @@ def test_a_task_file_naming_one_of_orchs_own_credentials_is_refused(orch_home, t
     nothing_created(orch_home)
 
 
+def test_orch_exec_refuses_a_provider_key_too(orch_home, tmp_path):
+    proc = run_orch("exec", "box", "--secret", "VAST_API_KEY", "--", "env", env={"VAST_API_KEY": "mine"}, check=2)
+    assert proc.stderr.startswith("orch: error: --secret: secret VAST_API_KEY is the vastai provider's own setting")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    nothing_created(orch_home)
+
+
 def test_allow_secret_hands_a_provider_key_to_the_command_on_purpose(orch_home, tmp_path):
     """The one way a provider key reaches a job: said on the command line, name by name; the job's
     relaunches may read it (recorded at home, never in the ledger)."""
