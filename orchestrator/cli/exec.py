@@ -21,6 +21,7 @@ from typing import List, Optional
 import typer
 
 from orchestrator.cli.app import app, instance_named, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import OrchError, UsageError
 
 POLL_S = 1.0
@@ -43,12 +44,8 @@ def exec_(
                                                                       "command gets (repeatable; never stored)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
                                                                   "working directory (in place of the last one)."),
-    workdir_max_mb: Optional[float] = typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir "
-                                                   "sends, in MB (default 200; a task file may lower it, not raise "
-                                                   "it)."),
-    allow_secret: Optional[List[str]] = typer.Option(None, "--allow-secret", help="NAME of one of orch's own "
-                                                     "credentials (a provider's key, HF_TOKEN) handed to the command "
-                                                     "as a secret, on purpose (repeatable)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Run a command on a machine of yours that is up: no new rental, its setup reused; the output
     printed and the command's exit code returned (--detach: it goes on alone)."""
@@ -82,7 +79,6 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
     import shlex
 
     from orchestrator import task
-    from orchestrator.cli import task_run
 
     if file is not None:
         t, lines = task.load(file)

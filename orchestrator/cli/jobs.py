@@ -18,6 +18,7 @@ import typer
 
 from orchestrator.cli import instances
 from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
@@ -46,12 +47,8 @@ def run(
     workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
                                                                   "working directory (a task file's own workdir: "
                                                                   "is beside it)."),
-    workdir_max_mb: Optional[float] = typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir "
-                                                   "sends, in MB (default 200; a task file may lower it, not raise "
-                                                   "it)."),
-    allow_secret: Optional[List[str]] = typer.Option(None, "--allow-secret", help="NAME of one of orch's own "
-                                                     "credentials (a provider's key, HF_TOKEN) handed to the command "
-                                                     "as a secret, on purpose (repeatable)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
     provider: Optional[List[str]] = typer.Option(None, "--provider", "-p", help="Providers to rank (repeatable; "
                                                  "default: every configured one). A CPU job uses the first (or the "
                                                  "default provider)."),
@@ -71,8 +68,6 @@ def run(
     sub = None
     name, command = _after_dashes(name, command)
     if file is not None or command or env or secret or workdir or allow_secret:
-        from orchestrator.cli import task_run
-
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
                                max_hours, retries, keep, {**options, "allow_secret": allow_secret or [],
                                                           "workdir_max_mb": workdir_max_mb})
@@ -165,7 +160,6 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
     orch = open_orch()
     try:
         if dry_run:
-            from orchestrator.cli import task_run
             from orchestrator.errors import NoCapacity
 
             try:

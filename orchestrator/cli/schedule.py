@@ -14,6 +14,7 @@ from typing import List, Optional
 import typer
 
 from orchestrator.cli.app import app, emit_json, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
@@ -74,17 +75,12 @@ def add(
                                                                   "passed with no reaper pass."),
     replace: bool = typer.Option(False, "--replace", help="Refresh the schedule of that name: the task file, a new "
                                                           "snapshot of its workdir, and the flags."),
-    workdir_max_mb: Optional[float] = typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir "
-                                                   "sends, in MB (default 200; a task file may lower it, not raise "
-                                                   "it)."),
-    allow_secret: Optional[List[str]] = typer.Option(None, "--allow-secret", help="NAME of one of orch's own "
-                                                     "credentials (a provider's key, HF_TOKEN) handed to each run as "
-                                                     "a secret, on purpose (repeatable)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
     from orchestrator import config, cron, reaper_timer, schedule_secrets, scheduling, task
     from orchestrator import ledger_schedules as ls
-    from orchestrator.cli import task_run
 
     t, lines = task.load(file)
     sec = t.schedule

@@ -23,6 +23,23 @@ RESOURCE_FLAGS = ("gpu", "gpus", "cpu", "disk", "image", "spot", "bid")
 OFFERS_SHOWN = 10
 
 
+def workdir_max_mb_option():
+    """``--workdir-max-mb``, as `orch run`, `orch exec` and `orch schedule add` take it."""
+    import typer
+
+    return typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir sends, in MB (default 200; a task "
+                                                       "file may lower it, not raise it).")
+
+
+def allow_secret_option():
+    """``--allow-secret``, as `orch run`, `orch exec` and `orch schedule add` take it."""
+    import typer
+
+    return typer.Option(None, "--allow-secret", help="NAME of one of orch's own credentials (a provider's key, "
+                                                     "HF_TOKEN) handed to the command as a secret, on purpose "
+                                                     "(repeatable).")
+
+
 @dataclass
 class Training:
     """A ``train:`` task, as `orch run`'s training options (the flags given win over the file)."""
