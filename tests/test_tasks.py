@@ -202,6 +202,17 @@ def test_a_workdir_given_on_the_command_line_is_never_your_home_orch_home_or_a_k
     assert not list(orch_home.rglob("workdir-*.tar")), "nothing was packed"
 
 
+def test_a_project_folder_under_your_home_is_a_workdir_as_before(orch_home, tmp_path):
+    home = home_with_keys(tmp_path)
+    write(home / "code" / "proj" / "train.py", "print('hi')\n")
+    task = write(home / "code" / "proj" / "task.yaml", "name: t\nresources: {cpu: true}\nworkdir: .\nrun: ls\n")
+    proc = run_orch("run", "-f", task, "--provider", "local", "--dry-run", check=0)
+    assert f"2 file(s), 0.00 MB from {(home / 'code' / 'proj').resolve()}" in proc.stdout + proc.stderr
+    elsewhere = run_orch("run", "-f", write(tmp_path / "t2.yaml", "name: t\nresources: {cpu: true}\nrun: ls\n"),
+                         "--provider", "local", "--dry-run", "--workdir", str(home / "code" / "proj"), check=0)
+    assert "nothing rented" in elsewhere.stdout
+
+
 def test_orch_home_is_never_in_a_pack_whatever_the_folder(orch_home, tmp_path, monkeypatch):
     """$ORCH_HOME (the ledger, reaper.env with the provider keys) is left out of any folder's list of
     what to send, and a folder that holds it is refused before anything is packed."""

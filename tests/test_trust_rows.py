@@ -7,13 +7,14 @@ sent, written or deleted. And a node's address from a provider is a plain IP lit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
 import pytest
 from sqlalchemy import text
 
-from tests.clouds import local_billing, open_orch
+from tests.clouds import local_billing, open_orch, wait_for
 from tests.conftest import run_orch
 
 
@@ -190,6 +191,11 @@ def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_
     key = "rpa_" + os.urandom(16).hex()
     job_id = make_job(orch_home, tmp_path / "work", "keyed")
     tamper_spec(job_id, lambda cmd: cmd.update(secrets=["RUNPOD_API_KEY"]))
+    from orchestrator.jobs import record
+
+    stale = open_orch().ledger.get_job(job_id)
+    stale.id = "another-job"  # an allowance of another job of that name (an old one, or a row that took its name)
+    record.allow_secrets(orch_home, stale, ["RUNPOD_API_KEY"])
     shown = json.loads(run_orch("jobs", "show", "keyed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
     job = open_orch().ledger.get_job(job_id)
     assert shown["state"] == job.state == "failed", (job.state, job.reason)
@@ -199,3 +205,30 @@ def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_
     for path in orch_home.rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_provider_key_handed_to_a_job_on_this_machine_goes_with_its_relaunch(orch_home, tmp_path):
+    """`--allow-secret` is kept at home for that job (its id), so the job's next launch, from the
+    ledger's row, still gets the key it was given on purpose."""
+    from orchestrator import workdir
+    from orchestrator.jobs import record
+
+    key = "rpa_" + os.urandom(16).hex()
+    work = tmp_path / "work"
+    job_id = make_job(orch_home, work, "handed")
+    (work / "job.py").write_text("import hashlib, os, pathlib\npathlib.Path('out').mkdir()\n"
+                                 "pathlib.Path('out/model.pt').write_text(hashlib.sha256("
+                                 "os.environ['RUNPOD_API_KEY'].encode()).hexdigest())\n")
+    tar, size = workdir.pack(work, orch_home / "cache")  # the job as made with this job.py and that secret
+    tamper_spec(job_id, lambda cmd: cmd.update(secrets=["RUNPOD_API_KEY"], workdir_tar=str(tar), workdir_bytes=size))
+    record.allow_secrets(orch_home, open_orch().ledger.get_job(job_id), ["RUNPOD_API_KEY"])
+
+    def ended():
+        shown = json.loads(run_orch("jobs", "show", "handed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
+        return shown if shown["state"] in ("completed", "failed") else None
+
+    shown = wait_for(ended, timeout=90, what="the job to end")
+    assert shown["state"] == "completed", (shown["state"], shown.get("reason"))
+    got = (orch_home / "runs" / "handed" / "out" / "model.pt").read_text()
+    assert got == hashlib.sha256(key.encode()).hexdigest()
+    assert local_billing(orch_home) == set() and not (orch_home / "jobs" / "handed").exists()
