@@ -75,6 +75,9 @@ def add(
                                                                   "passed with no reaper pass."),
     replace: bool = typer.Option(False, "--replace", help="Refresh the schedule of that name: the task file, a new "
                                                           "snapshot of its workdir, and the flags."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder snapshotted as the command's "
+                                                                  "working directory (a task file's own workdir: "
+                                                                  "is beside it)."),
     workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
     allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
@@ -131,8 +134,8 @@ def add(
                          "environment: export it and add the schedule again (orch keeps it for this schedule's runs "
                          f"alone in {schedule_secrets.FOLDER}/{name}.json under $ORCH_HOME, 0600; never in the ledger)")
     with scheduling.environment(values):  # the task's secret check reads them there
-        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], None, None, None, None,
-                               3, False, {"allow_secret": allow, "workdir_max_mb": workdir_max_mb})
+        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], workdir, None, None,
+                               None, 3, False, {"allow_secret": allow, "workdir_max_mb": workdir_max_mb})
     req = sub.spec.request
     if price is not None and (req.cpu or req.offer):
         what = "a CPU-only task" if req.cpu else "an offer given"
