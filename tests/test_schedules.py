@@ -91,6 +91,24 @@ def test_bad_input_is_one_line_naming_what_is_wrong_exit_2_and_nothing_stored(or
     assert not (orch_home / "ledger.db").exists(), "refused before the ledger is opened"
 
 
+def test_a_scheduled_task_files_workdir_stays_beside_it_and_a_folder_elsewhere_is_given_with_workdir(orch_home,
+                                                                                                      tmp_path):
+    write(tmp_path / "proj" / "train.py", "print('hi')\n")
+    task = write(tmp_path / "downloads" / "task.yaml", f"""
+        name: nightly
+        resources: {{cpu: true}}
+        workdir: {tmp_path / "user"}
+        run: python train.py
+        """)
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@daily", check=2)
+    assert f"{task}:3: workdir '{tmp_path / 'user'}' leaves the task file's folder" in proc.stderr, proc.stderr
+    assert not (orch_home / "ledger.db").exists() and not (orch_home / "schedules").exists()
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@daily", "--workdir", tmp_path / "user", check=2)
+    assert "--workdir: workdir " in proc.stderr and "is your home folder" in proc.stderr
+    added = run_orch("schedule", "add", "-f", task, "--cron", "@daily", "--workdir", tmp_path / "proj", check=0)
+    assert f"workdir   {(tmp_path / 'proj').resolve()}, as it is now" in added.stdout, added.stdout
+
+
 def test_a_bad_field_in_the_task_files_schedule_names_its_line(orch_home, tmp_path):
     task = write(tmp_path / "task.yaml", """
         name: nightly
