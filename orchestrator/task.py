@@ -409,6 +409,9 @@ def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
     text(cmd.workdir, "workdir")
     if not os.path.isabs(cmd.workdir) or os.path.normpath(cmd.workdir) != cmd.workdir:
         refuse(f"workdir {cmd.workdir!r} is not the absolute folder the job was made with")
+    from orchestrator import workdir
+
+    workdir.guard(Path(cmd.workdir), "the job's stored command")  # never your home, $ORCH_HOME, your keys
     # The packed copy is named by its content when the job is made (``workdir.pack``) and taken
     # from orch's cache alone: whatever folder the row names for it is not read.
     if not isinstance(cmd.workdir_tar, str) or not WORKDIR_TAR.fullmatch(Path(cmd.workdir_tar).name):

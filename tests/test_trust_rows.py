@@ -87,6 +87,10 @@ TAMPERED = {
     "an env name of orch's": (lambda cmd: cmd.update(env={"ORCH_NODE_IPS": "x"}), "env 'ORCH_NODE_IPS'"),
     "a NUL in an env value": (lambda cmd: cmd.update(env={"A": "x\0y"}), "env A"),
     "outputs that are no list": (lambda cmd: cmd.update(outputs=".ssh"), "outputs"),
+    "a workdir that is your home": (lambda cmd: cmd.update(workdir=os.path.realpath(os.path.expanduser("~"))),
+                                    "is your home folder"),
+    "a workdir of keys": (lambda cmd: cmd.update(workdir=os.path.realpath(os.path.expanduser("~/.ssh"))),
+                          "~/.ssh, which holds credentials"),
 }
 
 
@@ -121,14 +125,14 @@ def test_a_packed_workdir_comes_from_orchs_cache_alone_and_a_changed_workdir_is_
     elsewhere.mkdir()
     real = next(cache.glob("workdir-*.tar"))
     (elsewhere / real.name).write_bytes(b"not the job's tar")
-    tamper_spec(job_id, lambda cmd: cmd.update(workdir_tar=str(elsewhere / real.name),
-                                               workdir=str(tmp_path / "user" / ".ssh")))
+    tamper_spec(job_id, lambda cmd: cmd.update(workdir_tar=str(elsewhere / real.name)))
     js = jobs.JobSpec.of(open_orch().ledger.get_job(job_id))
     assert js.work.workdir_tar == str(real), "a tar outside orch's cache was taken"
     said = []
+    js.work.workdir = str(tmp_path / "user" / ".ssh")  # past the row's own check (test_a_tampered_spec...)
     workdir.ready(js.work, cache, said.append)
     assert js.work.workdir_tar == str(real) and said == [], "the cached tar is the job's: no folder is packed"
-    real.unlink()  # the cache cleaned: a folder of credentials is never packed, whatever the row says
+    real.unlink()  # the cache cleaned: a folder of credentials is never packed, whatever the spec says
     with pytest.raises(UsageError, match=r"~/\.ssh, which holds credentials"):
         workdir.ready(js.work, cache, said.append)
     assert list(cache.glob("workdir-*.tar")) == [], "nothing of ~/.ssh was packed"
