@@ -26,7 +26,7 @@ def own() -> dict[str, str]:
     found: dict[str, str] = {}
     for name, cls in sorted(plugins.providers().items()):
         for key in getattr(cls, "env_keys", ()):
-            found.setdefault(key, f"the {name} provider's own setting (its key to rent with)")
+            found.setdefault(key, f"one of the {name} provider's own settings (orch rents with it)")
     found.update(HUB)
     return found
 

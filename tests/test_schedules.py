@@ -522,7 +522,7 @@ def test_a_schedule_row_naming_a_provider_key_is_skipped_and_the_key_never_reach
     finally:
         del os.environ["RUNPOD_API_KEY"]
     assert got["victim"]["state"] == "skipped", got
-    assert "secret RUNPOD_API_KEY is the runpod provider's own setting" in got["victim"]["reason"]
+    assert "secret RUNPOD_API_KEY is one of the runpod provider's own settings" in got["victim"]["reason"]
     assert got["other"]["state"] == "skipped" and "cannot be read" in got["other"]["reason"], got["other"]
     assert got["fine"]["state"] == "running", got["fine"]
     fine = got["fine"]["name"]
@@ -544,7 +544,7 @@ def test_schedule_add_refuses_a_provider_key_unless_allowed_and_then_stores_it_f
     key = "rpa_" + os.urandom(16).hex()
     task = secret_task(tmp_path, "keyed", "[RUNPOD_API_KEY]")
     proc = run_orch("schedule", "add", "-f", task, "--cron", "@hourly", env={"RUNPOD_API_KEY": key}, check=2)
-    assert f"{task}:4: secret RUNPOD_API_KEY is the runpod provider's own setting" in proc.stderr, proc.stderr
+    assert f"{task}:4: secret RUNPOD_API_KEY is one of the runpod provider's own settings" in proc.stderr, proc.stderr
     assert "--allow-secret RUNPOD_API_KEY" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (orch_home / "ledger.db").exists() and not (orch_home / "schedule-secrets").exists()
     run_orch("schedule", "add", "-f", task, "--cron", "@hourly", "--allow-secret", "RUNPOD_API_KEY",

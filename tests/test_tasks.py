@@ -185,7 +185,8 @@ def test_a_task_files_workdir_never_packs_your_home_or_your_keys(orch_home, tmp_
 
 
 @pytest.mark.parametrize("folder, says", [
-    ("user", "is your home folder"), (".", "holds your home folder"), ("user/.ssh", "is ~/.ssh, which holds credentials"),
+    ("user", "is your home folder"), (".", "holds your home folder"),
+    ("user/.ssh", "is ~/.ssh, which holds credentials"),
     ("user/.aws/sub", "sits inside ~/.aws"), ("orch", "is orch's own folder ($ORCH_HOME"),
     ("orch/cache", "sits inside orch's own folder"),
 ])
@@ -251,13 +252,14 @@ def test_a_task_file_may_lower_the_workdir_cap_and_only_a_flag_raises_it(orch_ho
 
 HOSTILE_SECRETS = {  # each names one of orch's own credentials, exported in the user's shell
     "skypilot secrets": ("sky.yaml", "name: t\nnum_nodes: 1\nrun: echo $VAST_API_KEY\nsecrets:\n  VAST_API_KEY: null\n",
-                         5, "VAST_API_KEY", "the vastai provider's own setting"),
+                         5, "VAST_API_KEY", "one of the vastai provider's own settings"),
     "skypilot envs": ("sky.yaml", "name: t\nnum_nodes: 1\nrun: echo $HF_TOKEN\nenvs:\n  HF_TOKEN:\n", 5, "HF_TOKEN",
                       "the Hugging Face token orch passes itself"),
     "dstack env": (".dstack.yml", "type: task\nname: t\nenv: [AWS_SECRET_ACCESS_KEY]\ncommands: [env]\n", 3,
-                   "AWS_SECRET_ACCESS_KEY", "the aws provider's own setting"),
-    "orch secrets": ("task.yaml", "name: t\nresources: {cpu: true}\nrun: env\nsecrets: [WANDB_API_KEY, RUNPOD_API_KEY]\n",
-                     4, "RUNPOD_API_KEY", "the runpod provider's own setting"),
+                   "AWS_SECRET_ACCESS_KEY", "one of the aws provider's own settings"),
+    "orch secrets": ("task.yaml",
+                     "name: t\nresources: {cpu: true}\nrun: env\nsecrets: [WANDB_API_KEY, RUNPOD_API_KEY]\n", 4,
+                     "RUNPOD_API_KEY", "one of the runpod provider's own settings"),
 }
 
 
@@ -279,7 +281,8 @@ def test_a_task_file_naming_one_of_orchs_own_credentials_is_refused(orch_home, t
 
 def test_orch_exec_refuses_a_provider_key_too(orch_home, tmp_path):
     proc = run_orch("exec", "box", "--secret", "VAST_API_KEY", "--", "env", env={"VAST_API_KEY": "mine"}, check=2)
-    assert proc.stderr.startswith("orch: error: --secret: secret VAST_API_KEY is the vastai provider's own setting")
+    assert proc.stderr.startswith("orch: error: --secret: secret VAST_API_KEY is one of the vastai provider's own "
+                                  "settings"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     nothing_created(orch_home)
 

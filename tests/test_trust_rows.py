@@ -203,7 +203,7 @@ def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_
     shown = json.loads(run_orch("jobs", "show", "keyed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
     job = open_orch().ledger.get_job(job_id)
     assert shown["state"] == job.state == "failed", (job.state, job.reason)
-    assert "secret RUNPOD_API_KEY is the runpod provider's own setting" in job.reason, job.reason
+    assert "secret RUNPOD_API_KEY is one of the runpod provider's own settings" in job.reason, job.reason
     assert open_orch().ledger.attempts(job_id) == []
     nothing_rented(orch_home)
     for path in orch_home.rglob("*"):

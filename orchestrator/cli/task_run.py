@@ -218,7 +218,8 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
                       nodes=t.nodes, volumes=volumes, min_vram=res.min_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
-                           disk_given=res.disk is not None, allowed_secrets=frozenset(options.get("allow_secret") or []))
+                           disk_given=res.disk is not None,
+                           allowed_secrets=frozenset(options.get("allow_secret") or []))
 
 
 def command_spec(t, path, lines, base: Path):
