@@ -53,7 +53,8 @@ def claim_key(name: str) -> str:
 
 
 # -- secrets: the schedule's own ----------------------------------------------------------------------
-def secrets_for(home: Path, s_name: str, names: list[str]) -> tuple[dict[str, str], str | None]:
+def secrets_for(home: Path, s_name: str, names: list[str],
+                task_file: str = "FILE") -> tuple[dict[str, str], str | None]:
     """(the values of ``names`` stored for the schedule, why not): each must be stored for it
     (``schedule_secrets``), and one of orch's own credentials only where it was handed over at
     ``add`` (stored there: ``add`` refuses it otherwise)."""
@@ -67,7 +68,7 @@ def secrets_for(home: Path, s_name: str, names: list[str]) -> tuple[dict[str, st
     missing = [n for n in names if not stored.get(n)]
     if missing:
         return {}, (f"secret {', '.join(missing)} is not stored for schedule {s_name} (`orch schedule add "
-                    f"{s_name} -f FILE --replace` with it exported stores it for its runs alone)"
+                    f"{s_name} -f {clean(task_file, 200)} --replace` with it exported stores it for its runs alone)"
                     + (f"; {problem}" if problem else "") + ": nothing launched half-configured")
     return {n: stored[n] for n in names}, None
 
@@ -322,7 +323,7 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     if gone:
         return end(ls.SKIPPED, f"{gone}: `orch schedule add {s.name} -f {clean(s.task_file, 200)} --replace` takes "
                                "a new one")
-    values, problem = secrets_for(orch.home, s.name, secrets_of(sub))
+    values, problem = secrets_for(orch.home, s.name, secrets_of(sub), s.task_file)
     if problem:
         return end(ls.SKIPPED, problem)
     sub = replace(sub, allowed_secrets=frozenset(values))  # stored for it at `add`: handed over there
