@@ -431,13 +431,26 @@ def secret_values(names: list[str], environ=None) -> dict[str, str]:
     return {n: environ[n] for n in names}
 
 
+_HIDDEN_TOO: dict[str, set[str]] = {}  # values this process holds only to hide them (``hide_too``)
+
+
+def hide_too(values: dict[str, set[str]]) -> None:
+    """Values this process knows of a secret without having it in its environment (a reaper pass:
+    the secrets stored for each schedule, whose runs it looks after): ``held_secrets`` hides them
+    too. Never read at a launch (``secret_values``): nothing here is sent anywhere."""
+    for name, found in values.items():
+        _HIDDEN_TOO.setdefault(name, set()).update(found)
+
+
 def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
     """(the values this process holds of the secrets ``names``, the names it does not hold): what
     ``text.redact`` hides in whatever came from an instance that got them. Where one is not held,
     nothing that may show it (a log's lines) is kept or shown."""
     environ = os.environ if environ is None else environ
     names = [n for n in names or () if isinstance(n, str)]
-    return [environ[n] for n in names if environ.get(n)], [n for n in names if not environ.get(n)]
+    values = [environ[n] for n in names if environ.get(n)]
+    values += [v for n in names for v in sorted(_HIDDEN_TOO.get(n, ())) if v and v not in values]
+    return values, [n for n in names if not environ.get(n) and not _HIDDEN_TOO.get(n)]
 
 
 def env_pairs(pairs: list[str], flag: str = "--env") -> dict[str, str]:

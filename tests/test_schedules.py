@@ -487,6 +487,7 @@ def test_a_scheduled_runs_secret_is_its_own_kept_whole_and_a_missing_one_skips_i
     until_ended(orch, got[0]["name"], due + timedelta(hours=1, minutes=2))
     out = (orch_home / "runs" / got[0]["name"] / "out.txt").read_text()
     assert out.split()[0] == hashlib.sha256(token.encode()).hexdigest(), "the command had the secret, whole"
+    assert (orch_home / "runs" / got[0]["name"] / "train.log").is_file(), "its log came home: the pass hid the secret"
     ledger_bytes = b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
     assert token.encode() not in ledger_bytes
     assert "removed" in run_orch("schedule", "rm", "secretive", check=0).stdout
