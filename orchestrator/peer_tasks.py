@@ -14,7 +14,7 @@ read on every node (``nodes.peer_env``, ``nodes.run_env``).
 The dialects, from the peers' own references:
 
 - **SkyPilot**: "SkyPilot YAML" (https://docs.skypilot.co/en/latest/reference/yaml-spec.html):
-  ``num_nodes``, ``workdir`` (relative to where the command is run), ``envs`` (a null or empty
+  ``num_nodes``, ``workdir`` (read relative to the task file's folder, as orch's own), ``envs`` (a null or empty
   value must be given at launch), ``secrets``, ``file_mounts``, ``volumes``, ``setup``, ``run``,
   and ``resources.accelerators`` as ``NAME:COUNT``, ``NAME``, ``{NAME: COUNT}`` or a list/set of
   candidates; a resources section without accelerators is a CPU machine.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -293,9 +292,8 @@ def _skypilot(tr: _Translation, data: dict) -> None:
         elif key == "workdir":
             if not isinstance(value, str):
                 tr.refuse(k, "a git workdir (url/ref)", "clone the repository in setup:, or a local workdir:")
-            # SkyPilot: relative to where `sky` is called, not to the file.
-            where = os.path.abspath(os.path.expanduser(value))
-            tr.put(k, where, k, f"workdir: {value} -> {where} (SkyPilot's: relative to where orch runs)")
+            # Read beside the file, as orch's own workdir: is (a folder elsewhere: --workdir).
+            tr.put(k, value, k, f"workdir: {value} (relative to the task file's folder)")
         elif key == "envs":
             _env(tr, value, k)
         elif key == "secrets":

@@ -3,7 +3,8 @@ systemd answers, else a crontab entry, else (a machine with neither, such as a c
 without an init system) a detached ``orch reap --watch`` that does not survive a reboot.
 
 What the scheduled pass needs travels in ``$ORCH_HOME/reaper.env`` (mode 0600): ORCH_HOME, the
-database URL and provider keys present in the environment at install time, and PATH. Nothing
+database URL and provider keys present in the environment at install time, and PATH; nothing
+else (a schedule's secrets are kept apart, for its runs alone: ``schedule_secrets``). Nothing
 secret is ever put on a crontab line or in a unit file, which other tools print freely.
 """
 
@@ -73,10 +74,13 @@ def detect() -> str:
 
 
 def write_env(home: Path) -> tuple[Path, list[str]]:
+    """The reaper's own environment file, rewritten whole: what ``carried`` names, and nothing
+    else (a schedule's secrets are that schedule's alone: ``schedule_secrets``). A value on more
+    than one line is not carried (systemd's and the shell's readers would take it differently;
+    no provider key has one): its name is not listed."""
     path = Path(home) / "reaper.env"
-    # Lines of its own kept (the secrets scheduled runs read there: ``scheduling``); orch's carried ones rewritten.
-    kept = {k: v for k, v in _env_from_file(path).items() if k not in carried()} if path.is_file() else {}
-    env = {**kept, **{k: os.environ[k] for k in carried() if os.environ.get(k)}}
+    env = {k: os.environ[k] for k in carried() if os.environ.get(k) and "\n" not in os.environ[k]
+           and "\r" not in os.environ[k]}
     env["ORCH_HOME"] = str(Path(home).resolve())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -90,11 +94,19 @@ def reap_argv() -> list[str]:
 
 
 def _env_from_file(path: Path) -> dict[str, str]:
+    """``NAME=value`` lines as ``write_env`` writes them (a shell's quoting); a line that is not
+    one (an older orch's value over several lines) is passed over, never an error."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         k, sep, v = line.partition("=")
-        if sep:
-            out[k] = shlex.split(v)[0] if v else ""
+        if not sep or not k.isidentifier():
+            continue
+        try:
+            words = shlex.split(v) if v else [""]
+        except ValueError:
+            continue
+        if len(words) == 1:
+            out[k] = words[0]
     return out
 
 

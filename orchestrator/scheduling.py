@@ -17,17 +17,18 @@ in orch's cache under its name for the job to send).
   it runs): a run with no plan under both is skipped, nothing rented; the reason and the best
   plan's prices go on the occurrence's row and to the webhook (event ``schedule``). Inside a
   ``--window``, each pass tries again until the window closes.
-- **Secrets** are read where the reaper runs: its environment file (``$ORCH_HOME/reaper.env``,
-  0600, which the installed reaper runs with; ``orch schedule add`` copies a task's secrets there
-  from the shell that adds it), then this process's environment. A missing one skips the run,
-  saying which: nothing is launched half-configured. Values never reach the ledger.
+- **Secrets** are the schedule's own: ``orch schedule add`` stores their values from the shell that
+  adds it (``schedule_secrets``: a 0600 file per schedule, apart from the reaper's own keys in
+  ``reaper.env``), and each run gets those and no other. A row that names a secret not stored for
+  it, or one of orch's own credentials not handed over at ``add`` (``credentials``), is skipped
+  with the reason: nothing is launched half-configured, and a row written into a shared ledger
+  never gets the keys the reaper rents with. Values never reach the ledger.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -40,7 +41,6 @@ from orchestrator.text import clean
 from orchestrator.text import why as _why
 
 SNAPSHOTS = "schedules"  # under ORCH_HOME: each schedule's workdir, packed when it was added
-ENV_FILE = "reaper.env"  # what the installed reaper runs with (``reaper_timer``)
 STALE_LAUNCH = timedelta(hours=2)  # a row left launching this long by a pass that ended: settled
 
 
@@ -52,44 +52,25 @@ def claim_key(name: str) -> str:
     return f"schedule:{name}"  # a colon: no instance or job name takes this claim
 
 
-# -- secrets: where the reaper runs -------------------------------------------------------------------
-def env_file(home: Path) -> Path:
-    return Path(home) / ENV_FILE
+# -- secrets: the schedule's own ----------------------------------------------------------------------
+def secrets_for(home: Path, s_name: str, names: list[str],
+                task_file: str = "FILE") -> tuple[dict[str, str], str | None]:
+    """(the values of ``names`` stored for the schedule, why not): each must be stored for it
+    (``schedule_secrets``), and one of orch's own credentials only where it was handed over at
+    ``add`` (stored there: ``add`` refuses it otherwise)."""
+    from orchestrator import credentials, schedule_secrets
 
-
-def reaper_secrets(home: Path, names: list[str], environ=None) -> tuple[dict[str, str], list[str], str | None]:
-    """(the values found, the names missing, a problem with the file): the reaper's environment
-    file first, then this process's environment. A file others can read is not read."""
-    from orchestrator import reaper_timer
-
-    path, found, problem = env_file(home), {}, None
-    if names and path.is_file():
-        if path.stat().st_mode & 0o077:
-            problem = f"{path} is readable by others (chmod 600 it): not read"
-        else:
-            try:
-                found = reaper_timer._env_from_file(path)  # the one reader of that file's lines
-            except (OSError, ValueError) as e:
-                problem = f"{path} cannot be read ({_why(e)})"
-    environ = os.environ if environ is None else environ
-    values = {n: found.get(n) or environ.get(n) or "" for n in names}
-    return {n: v for n, v in values.items() if v}, [n for n, v in values.items() if not v], problem
-
-
-def keep_secrets(home: Path, values: dict[str, str]) -> Path:
-    """Write ``values`` into the reaper's environment file (0600, its other lines kept), in the
-    format the reaper's schedule reads (``reaper_timer.write_env``)."""
-    path = env_file(home)
-    lines = path.read_text().splitlines() if path.is_file() else []
-    lines = [line for line in lines if line.partition("=")[0] not in values]
-    lines += [f"{k}={shlex.quote(v)}" for k, v in sorted(values.items())]
-    tmp = path.with_name(f".{ENV_FILE}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(f"{line}\n" for line in lines))
-    os.replace(tmp, path)
-    os.chmod(path, 0o600)
-    return path
+    stored, problem = schedule_secrets.read(home, s_name)
+    try:
+        credentials.stored(names, set(stored), f"schedule {s_name}")
+    except UsageError as e:
+        return {}, _why(e)
+    missing = [n for n in names if not stored.get(n)]
+    if missing:
+        return {}, (f"secret {', '.join(missing)} is not stored for schedule {s_name} (`orch schedule add "
+                    f"{s_name} -f {clean(task_file, 200)} --replace` with it exported stores it for its runs alone)"
+                    + (f"; {problem}" if problem else "") + ": nothing launched half-configured")
+    return {n: stored[n] for n in names}, None
 
 
 @contextmanager
@@ -342,11 +323,10 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     if gone:
         return end(ls.SKIPPED, f"{gone}: `orch schedule add {s.name} -f {clean(s.task_file, 200)} --replace` takes "
                                "a new one")
-    values, missing, problem = reaper_secrets(orch.home, secrets_of(sub))
-    if missing:
-        return end(ls.SKIPPED, f"secret {', '.join(missing)} is neither in the reaper's environment file "
-                               f"({env_file(orch.home)}) nor in this process's environment"
-                               + (f" ({problem})" if problem else "") + ": nothing launched half-configured")
+    values, problem = secrets_for(orch.home, s.name, secrets_of(sub), s.task_file)
+    if problem:
+        return end(ls.SKIPPED, problem)
+    sub = replace(sub, allowed_secrets=frozenset(values))  # stored for it at `add`: handed over there
     retry = st.closes is not None  # inside a window: the next pass tries again, until it closes
     until = f"; the next pass tries again, until {c.local(st.closes):%H:%M %Z}" if retry else ""
     try:

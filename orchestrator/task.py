@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from orchestrator.errors import UsageError
 
@@ -111,6 +111,7 @@ class Task(_Strict):
     keep: bool = False
     schedule: Optional[Schedule] = None  # read by `orch schedule add` only
     volumes: dict[str, Union[str, VolumeSpec]] = Field(default_factory=dict)  # PATH: NAME (``volume_uses``)
+    _workdir_given: bool = PrivateAttr(False)  # --workdir on the command line: read from there, wherever it is
 
 
 # -- what a command job keeps in its spec (the ledger's jobs.spec): names, never a secret's value ---
@@ -413,6 +414,9 @@ def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
     text(cmd.workdir, "workdir")
     if not os.path.isabs(cmd.workdir) or os.path.normpath(cmd.workdir) != cmd.workdir:
         refuse(f"workdir {cmd.workdir!r} is not the absolute folder the job was made with")
+    from orchestrator import workdir
+
+    workdir.guard(Path(cmd.workdir), "the job's stored command")  # never your home, $ORCH_HOME, your keys
     # The packed copy is named by its content when the job is made (``workdir.pack``) and taken
     # from orch's cache alone: whatever folder the row names for it is not read.
     if not isinstance(cmd.workdir_tar, str) or not WORKDIR_TAR.fullmatch(Path(cmd.workdir_tar).name):
@@ -432,13 +436,26 @@ def secret_values(names: list[str], environ=None) -> dict[str, str]:
     return {n: environ[n] for n in names}
 
 
+_HIDDEN_TOO: dict[str, set[str]] = {}  # values this process holds only to hide them (``hide_too``)
+
+
+def hide_too(values: dict[str, set[str]]) -> None:
+    """Values this process knows of a secret without having it in its environment (a reaper pass:
+    the secrets stored for each schedule, whose runs it looks after): ``held_secrets`` hides them
+    too. Never read at a launch (``secret_values``): nothing here is sent anywhere."""
+    for name, found in values.items():
+        _HIDDEN_TOO.setdefault(name, set()).update(found)
+
+
 def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
     """(the values this process holds of the secrets ``names``, the names it does not hold): what
     ``text.redact`` hides in whatever came from an instance that got them. Where one is not held,
     nothing that may show it (a log's lines) is kept or shown."""
     environ = os.environ if environ is None else environ
     names = [n for n in names or () if isinstance(n, str)]
-    return [environ[n] for n in names if environ.get(n)], [n for n in names if not environ.get(n)]
+    values = [environ[n] for n in names if environ.get(n)]
+    values += [v for n in names for v in sorted(_HIDDEN_TOO.get(n, ())) if v and v not in values]
+    return values, [n for n in names if not environ.get(n) and not _HIDDEN_TOO.get(n)]
 
 
 def env_pairs(pairs: list[str], flag: str = "--env") -> dict[str, str]:

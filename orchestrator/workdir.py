@@ -9,6 +9,13 @@ before anything is rented: a workdir is code and small files, a dataset goes ano
 
 The packed tar is named by its content and lives in orch's cache; a job keeps that name, and a
 later launch sends that very content (``ready``): a workdir that changed since is refused.
+
+What is never a workdir (``guard``, before anything is measured, packed or rented): your home or a
+folder that holds it, ``$ORCH_HOME`` (the ledger, the keys the reaper runs with, the packs being
+written) and a folder of credentials (``~/.ssh``, ``~/.aws``, ...), whether the workdir is one of
+them, sits inside one or holds one. A task file downloaded from elsewhere says ``workdir: "~"`` as
+easily as ``workdir: .``; everything in the folder is uploaded to a machine someone else owns.
+``$ORCH_HOME`` is left out of any pack, whatever the folder.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ import os
 import tarfile
 from pathlib import Path
 
+from orchestrator import config
 from orchestrator.errors import UsageError
 
+# Under your home, what holds credentials: keys, tokens, the cloud CLIs' and the registries' logins
+# (the Vast CLI's legacy key file, RunPod's config, Hugging Face's token in its cache). A workdir is
+# none of them, inside none, and holds none.
+CREDENTIALS = (".ssh", ".aws", ".config", ".gnupg", ".docker", ".kube", ".netrc", ".azure", ".git-credentials",
+               ".pgpass", ".npmrc", ".pypirc", ".password-store", ".vast_api_key", ".runpod", ".sky", ".dstack",
+               ".kaggle", ".huggingface", ".cache/huggingface", ".local/share/keyrings", ".terraform.d", ".boto",
+               ".s3cfg")
 IGNORE_FILES = (".gitignore", ".orchignore")
 NEVER = ".git"  # a repository's history and config (its remotes' tokens too): never sent, at any depth
 
@@ -59,15 +74,51 @@ def excluded(rel: str, is_dir: bool, pats: list[str]) -> bool:
     return out
 
 
+def _real(path) -> str:
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def private() -> list[tuple[str, str]]:
+    """(real path, what it is) of every folder a workdir may not be, sit in, or hold but your home:
+    orch's own, and each credentials folder of yours."""
+    home = _real(Path.home())
+    found = [(_real(config.home()), "orch's own folder ($ORCH_HOME: the ledger, the keys the reaper runs with)")]
+    found += [(os.path.join(home, name), f"~/{name}, which holds credentials") for name in CREDENTIALS]
+    if os.environ.get("XDG_CONFIG_HOME"):
+        found.append((_real(os.environ["XDG_CONFIG_HOME"]), "$XDG_CONFIG_HOME, which holds credentials"))
+    return found
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def guard(root: Path, where: str) -> None:
+    """Refused in one line where ``root`` is your home or holds it, or is, sits inside or holds
+    ``$ORCH_HOME`` or a credentials folder: all of it would be uploaded to the rented machine."""
+    path, home = _real(root), _real(Path.home())
+    what = None
+    if home != os.sep and _inside(home, path):
+        what = "is your home folder" if path == home else f"holds your home folder ({home})"
+    for folder, name in private():
+        if what is None and (_inside(path, folder) or _inside(folder, path)):
+            what = ("is " if path == folder else "sits inside " if _inside(path, folder) else "holds ") + name
+    if what:
+        raise UsageError(f"{where}: workdir {path} {what}: everything in it would be uploaded to the rented "
+                         "machine; name a project folder (e.g. ~/code/proj)")
+
+
 def files(root: Path, pats: list[str]) -> list[tuple[str, int]]:
-    """(relative path, size) of every regular file that would be sent, in a stable order."""
+    """(relative path, size) of every regular file that would be sent, in a stable order
+    (``$ORCH_HOME`` never, wherever it is)."""
     root = Path(root)
     out = []
+    own = _real(config.home())
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
         rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))
-                             and not excluded(rel_dir + d, True, pats))
+                             and not excluded(rel_dir + d, True, pats) and _real(os.path.join(dirpath, d)) != own)
         for f in sorted(filenames):
             full = os.path.join(dirpath, f)
             if os.path.islink(full) or not os.path.isfile(full) or excluded(rel_dir + f, False, pats):
@@ -79,6 +130,7 @@ def files(root: Path, pats: list[str]) -> list[tuple[str, int]]:
 def measure(root: Path, max_mb: float, where: str) -> tuple[int, int]:
     """(bytes, files) the workdir would send; refused over its cap, or when it is not a folder."""
     root = Path(root)
+    guard(root, where)
     if not root.is_dir():
         raise UsageError(f"{where}: workdir {str(root)!r} is not a folder")
     listed = files(root, patterns(root))
@@ -94,6 +146,7 @@ def measure(root: Path, max_mb: float, where: str) -> tuple[int, int]:
 def pack(root: Path, cache: Path) -> tuple[Path, int]:
     """The workdir as a plain tar in orch's cache, named by its content; (path, bytes)."""
     root = Path(root)
+    guard(root, "workdir")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cache / f"workdir-{os.getpid()}.tar"
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -118,15 +171,21 @@ def _hash_name(path: Path) -> str:
     return f"workdir-{h.hexdigest()[:16]}.tar"
 
 
-def folder(base: Path, given: str, where: str) -> Path:
+def folder(base: Path, given: str, where: str, within: bool = False) -> Path:
     """The workdir a task names (relative to ``base``, ``~`` expanded), absolute; refused in one line
-    when no folder can have that name (a NUL, a ``~user`` with no home)."""
+    when no folder can have that name (a NUL, a ``~user`` with no home). ``within`` (a task file's
+    own ``workdir:``): it must be ``base`` or inside it, as the file's readers take it; a folder
+    elsewhere (absolute, ``~``, a ``..`` or a link that leaves it) is named with ``--workdir``."""
     try:
         path = (Path(base) / Path(given).expanduser()).resolve()
     except (RuntimeError, ValueError, OSError) as e:
         raise UsageError(f"{where}: workdir {given!r} is no folder orch can read ({e})") from None
     if "\0" in str(path):
         raise UsageError(f"{where}: workdir {given!r} is no folder orch can read")
+    if within and not _inside(str(path), _real(base)):
+        raise UsageError(f"{where}: workdir {given!r} leaves the task file's folder ({_real(base)}): a task file "
+                         "names a folder beside it (workdir: . or a subfolder); a folder elsewhere is given with "
+                         "--workdir on the command line")
     return path
 
 

@@ -91,6 +91,24 @@ def test_bad_input_is_one_line_naming_what_is_wrong_exit_2_and_nothing_stored(or
     assert not (orch_home / "ledger.db").exists(), "refused before the ledger is opened"
 
 
+def test_a_scheduled_task_files_workdir_stays_beside_it_and_a_folder_elsewhere_is_given_with_workdir(orch_home,
+                                                                                                      tmp_path):
+    write(tmp_path / "proj" / "train.py", "print('hi')\n")
+    task = write(tmp_path / "downloads" / "task.yaml", f"""
+        name: nightly
+        resources: {{cpu: true}}
+        workdir: {tmp_path / "user"}
+        run: python train.py
+        """)
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@daily", check=2)
+    assert f"{task}:3: workdir '{tmp_path / 'user'}' leaves the task file's folder" in proc.stderr, proc.stderr
+    assert not (orch_home / "ledger.db").exists() and not (orch_home / "schedules").exists()
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@daily", "--workdir", tmp_path / "user", check=2)
+    assert "--workdir: workdir " in proc.stderr and "is your home folder" in proc.stderr
+    added = run_orch("schedule", "add", "-f", task, "--cron", "@daily", "--workdir", tmp_path / "proj", check=0)
+    assert f"workdir   {(tmp_path / 'proj').resolve()}, as it is now" in added.stdout, added.stdout
+
+
 def test_a_bad_field_in_the_task_files_schedule_names_its_line(orch_home, tmp_path):
     task = write(tmp_path / "task.yaml", """
         name: nightly
@@ -459,44 +477,130 @@ def test_a_plan_estimated_over_max_cost_is_skipped_with_its_estimate(orch_home, 
     assert fake.pods == {} and orch.ledger.jobs() == []
 
 
-# -- secrets, from where the reaper runs -----------------------------------------------------------
-def test_a_scheduled_runs_secret_comes_from_the_reapers_environment_file_and_a_missing_one_skips_it(orch_home,
-                                                                                                     tmp_path):
+# -- secrets: the schedule's own, apart from the reaper's keys ----------------------------------------
+def secret_task(tmp_path: Path, name: str, secrets: str = "[SCHED_TEST_TOKEN]") -> Path:
+    return write(tmp_path / f"{name}.yaml", f"""
+        name: {name}
+        resources: {{cpu: true}}
+        run: printf %s "$SCHED_TEST_TOKEN" | sha256sum > out.txt; env > env.txt
+        secrets: {secrets}
+        outputs: [out.txt, env.txt]
+        """)
+
+
+def test_a_scheduled_runs_secret_is_its_own_kept_whole_and_a_missing_one_skips_it(orch_home, tmp_path):
+    """Finding 5 of issue 53: a value over several lines (a PEM key) made the reaper's environment
+    file unreadable, every schedule skipped and `orch reaper install` raise ValueError. Each
+    schedule's secrets are now its own file (0600), read back whole; reaper.env holds none."""
     from orchestrator import reaper_timer, scheduling
 
-    token = "sched-" + os.urandom(12).hex()
-    task = write(tmp_path / "task.yaml", """
-        name: secretive
-        resources: {cpu: true}
-        run: printf %s "$SCHED_TEST_TOKEN" | sha256sum > out.txt
-        secrets: [SCHED_TEST_TOKEN]
-        outputs: [out.txt]
-        """)
-    assert "SCHED_TEST_TOKEN is neither" in run_orch("schedule", "add", "-f", task, "--cron", "@hourly", check=2).stderr
+    token = ("-----BEGIN PRIVATE KEY-----\n" + os.urandom(12).hex() + "\nit's \"quoted\" $HOME `x`\n"
+             "-----END PRIVATE KEY-----\n")
+    task = secret_task(tmp_path, "secretive")
+    assert "SCHED_TEST_TOKEN is not set" in run_orch("schedule", "add", "-f", task, "--cron", "@hourly",
+                                                     check=2).stderr
     added = run_orch("schedule", "add", "-f", task, "--cron", "@hourly", env={"SCHED_TEST_TOKEN": token}, check=0)
-    env_file = orch_home / "reaper.env"
-    assert f"copied to {env_file}" in added.stderr and env_file.stat().st_mode & 0o777 == 0o600
-    reaper_timer.write_env(orch_home)  # `orch reaper install` again: the file keeps it
-    assert token in env_file.read_text()
+    kept = orch_home / "schedule-secrets" / "secretive.json"
+    assert f"kept for schedule secretive's runs alone in {kept}" in added.stderr, added.stderr
+    assert kept.stat().st_mode & 0o777 == 0o600 and kept.parent.stat().st_mode & 0o777 == 0o700
+    (orch_home / "reaper.env").write_text("OLD='one\ntwo'\nPATH=/usr/bin\n")  # an older orch's many-line value
+    reaper_timer.write_env(orch_home)  # `orch reaper install`: no ValueError, and not the schedule's secret
+    assert token not in (orch_home / "reaper.env").read_text() and "OLD" not in (orch_home / "reaper.env").read_text()
     ledger_bytes = b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
     assert token.encode() not in ledger_bytes, "never in the ledger"
 
     orch = reaper()
     due = schedule(orch, "secretive").due_at
-    saved = env_file.read_text()
-    env_file.write_text("".join(line + "\n" for line in saved.splitlines() if "SCHED_TEST_TOKEN" not in line))
-    got = scheduling.run_due(orch, due + MIN)
-    assert [d["state"] for d in got] == ["skipped"] and "secret SCHED_TEST_TOKEN is neither" in got[0]["reason"]
+    saved = kept.read_bytes()
+    kept.unlink()
+    os.environ["SCHED_TEST_TOKEN"] = "the reaper's own, not the schedule's"  # its environment is not the schedule's
+    try:
+        got = scheduling.run_due(orch, due + MIN)
+    finally:
+        del os.environ["SCHED_TEST_TOKEN"]
+    assert [d["state"] for d in got] == ["skipped"], got
+    assert "secret SCHED_TEST_TOKEN is not stored for schedule secretive" in got[0]["reason"]
     assert orch.ledger.jobs() == [] and local_billing(orch_home) == set(), "nothing launched half-configured"
-    env_file.write_text(saved)
+    kept.write_bytes(saved)
+    kept.chmod(0o600)
     got = scheduling.run_due(orch, due + timedelta(hours=1, minutes=1))
     assert [d["state"] for d in got] == ["running"], got
     assert "SCHED_TEST_TOKEN" not in os.environ, "the pass's environment is as it was"
     until_ended(orch, got[0]["name"], due + timedelta(hours=1, minutes=2))
     out = (orch_home / "runs" / got[0]["name"] / "out.txt").read_text()
-    assert out.split()[0] == hashlib.sha256(token.encode()).hexdigest(), "the command had the secret"
+    assert out.split()[0] == hashlib.sha256(token.encode()).hexdigest(), "the command had the secret, whole"
+    assert (orch_home / "runs" / got[0]["name"] / "train.log").is_file(), "its log came home: the pass hid the secret"
     ledger_bytes = b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
     assert token.encode() not in ledger_bytes
+    assert "removed" in run_orch("schedule", "rm", "secretive", check=0).stdout
+    assert not kept.exists(), "its secrets went with it"
+
+
+def test_a_schedule_row_naming_a_provider_key_is_skipped_and_the_key_never_reaches_the_instance(orch_home, tmp_path):
+    """Finding 2 of issue 53: a scheduled run read its secrets from the reaper's environment, which
+    holds every provider's key, so a row a teammate wrote into a shared ledger (or a schedule whose
+    secrets were changed there) got them. A row naming one of orch's own credentials, or any secret
+    not stored for that schedule, is skipped with the reason; the other schedules still run."""
+    from sqlalchemy import text
+
+    from orchestrator import scheduling
+
+    token = "sched-" + os.urandom(12).hex()
+    provider_key = "rpa_" + os.urandom(16).hex()
+    for name in ("victim", "other", "fine"):
+        run_orch("schedule", "add", "-f", secret_task(tmp_path, name), "--cron", "@hourly",
+                 env={"SCHED_TEST_TOKEN": token}, check=0)
+    (orch_home / "schedule-secrets" / "other.json").write_text("{not json")  # one bad file: its schedule alone
+    orch = reaper()
+    for name, secret in (("victim", "RUNPOD_API_KEY"), ("fine", "SCHED_TEST_TOKEN")):
+        job = json.loads(schedule(orch, name).job)
+        job["spec"]["command"]["secrets"] = [secret] if name == "fine" else ["SCHED_TEST_TOKEN", secret]
+        with orch.ledger.engine.begin() as conn:  # straight into the table, as anyone who can write it can
+            conn.execute(text("UPDATE schedules SET job = :job WHERE name = :name"),
+                         {"job": json.dumps(job), "name": name})
+    os.environ["RUNPOD_API_KEY"] = provider_key  # what reaper.env gives the reaper's own process
+    due = schedule(orch, "fine").due_at
+    try:
+        got = {d["name"].rsplit("-", 2)[0]: d for d in scheduling.run_due(orch, due + MIN)}
+    finally:
+        del os.environ["RUNPOD_API_KEY"]
+    assert got["victim"]["state"] == "skipped", got
+    assert "secret RUNPOD_API_KEY is one of the runpod provider's own settings" in got["victim"]["reason"]
+    assert got["other"]["state"] == "skipped" and "cannot be read" in got["other"]["reason"], got["other"]
+    assert got["fine"]["state"] == "running", got["fine"]
+    fine = got["fine"]["name"]
+    until_ended(orch, fine, due + 2 * MIN)
+    assert [j.name for j in orch.ledger.jobs()] == [fine], "nothing launched for the refused rows"
+    seen = (orch_home / "runs" / fine / "env.txt").read_text()
+    assert provider_key not in seen and token in seen
+    for path in orch_home.rglob("*"):
+        if path.is_file():
+            assert provider_key.encode() not in path.read_bytes(), f"the provider key reached {path}"
+    shown = {d["name"]: d for d in json.loads(run_orch("schedule", "ls", "--json", check=0).stdout)}
+    assert "RUNPOD_API_KEY" in shown["victim"]["last_skip"]["reason"]
+
+
+def test_schedule_add_refuses_a_provider_key_unless_allowed_and_then_stores_it_for_that_schedule_alone(orch_home,
+                                                                                                       tmp_path):
+    from orchestrator import scheduling
+
+    key = "rpa_" + os.urandom(16).hex()
+    task = secret_task(tmp_path, "keyed", "[RUNPOD_API_KEY]")
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "@hourly", env={"RUNPOD_API_KEY": key}, check=2)
+    assert f"{task}:4: secret RUNPOD_API_KEY is one of the runpod provider's own settings" in proc.stderr, proc.stderr
+    assert "--allow-secret RUNPOD_API_KEY" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (orch_home / "ledger.db").exists() and not (orch_home / "schedule-secrets").exists()
+    run_orch("schedule", "add", "-f", task, "--cron", "@hourly", "--allow-secret", "RUNPOD_API_KEY",
+             env={"RUNPOD_API_KEY": key}, check=0)
+    assert key.encode() not in b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
+    orch = reaper()
+    due = schedule(orch, "keyed").due_at
+    got = scheduling.run_due(orch, due + MIN)
+    assert [d["state"] for d in got] == ["running"], got
+    until_ended(orch, got[0]["name"], due + 2 * MIN)
+    out = (orch_home / "runs" / got[0]["name"] / "out.txt").read_text()
+    assert out.split()[0] == hashlib.sha256(b"").hexdigest()  # its run printed $SCHED_TEST_TOKEN: not set
+    assert key in (orch_home / "runs" / got[0]["name"] / "env.txt").read_text(), "handed over on purpose"
 
 
 # -- the commands --------------------------------------------------------------------------------

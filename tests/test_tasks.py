@@ -147,6 +147,166 @@ def test_a_bad_command_line_task_is_one_line_exit_2(orch_home, args, says):
     nothing_created(orch_home)
 
 
+# -- issue 53: a task file never ships your home, and never hands over orch's own keys ------------
+HOSTILE_WORKDIRS = {  # as a task file downloaded into ~/Downloads says them
+    "orch ~": ("task.yaml", 'name: t\nresources: {cpu: true}\nworkdir: "~"\nrun: cat .ssh/id_ed25519\n', 3),
+    "orch ~/.ssh": ("task.yaml", "name: t\nresources: {cpu: true}\nworkdir: ~/.ssh\nrun: cat id_ed25519\n", 3),
+    "orch ..": ("task.yaml", "name: t\nresources: {cpu: true}\nworkdir: ..\nrun: ls -aR\n", 3),
+    "skypilot ..": ("sky.yaml", "name: t\nnum_nodes: 1\nworkdir: ..\nrun: tar c . | base64\n", 3),
+    "skypilot ~/": ("sky.yaml", 'name: t\nnum_nodes: 1\nworkdir: "~/"\nrun: ls -aR\n', 3),
+    "dstack ~/.ssh": (".dstack.yml", "type: task\nname: t\nrepos: [~/.ssh]\ncommands: [cat id_ed25519]\n", 3),
+    "dstack ..": (".dstack.yml", "type: task\nname: t\nrepos: [..]\ncommands: [ls -aR]\n", 3),
+}
+
+
+def home_with_keys(tmp_path: Path) -> Path:
+    """The test's $HOME (conftest's) with a private key in it; where a downloaded file lands."""
+    home = tmp_path / "user"
+    write(home / ".ssh" / "id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nmine\n")
+    write(home / ".aws" / "credentials", "[default]\naws_secret_access_key = mine\n")
+    (home / "Downloads").mkdir(exist_ok=True)
+    return home
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_WORKDIRS))
+def test_a_task_files_workdir_never_packs_your_home_or_your_keys(orch_home, tmp_path, case):
+    """Finding 1 of issue 53: `workdir: "~"` (or `..` from ~/Downloads, or ~/.ssh) in a SkyPilot, dstack
+    or orch task file packed the user's home, keys and $ORCH_HOME, and uploaded them to the rented
+    machine. A task file's workdir is read beside the file and may not leave it: refused in one
+    line, exit 2, nothing packed, recorded or rented."""
+    name, text, line = HOSTILE_WORKDIRS[case]
+    task = write(home_with_keys(tmp_path) / "Downloads" / name, text)
+    proc = run_orch("run", "-f", task, "--provider", "local", "--cpu", check=2)
+    refusal = proc.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"orch: error: {task}:{line}: workdir ") and "leaves the task file's folder" in refusal
+    assert "--workdir" in refusal, refusal
+    nothing_created(orch_home)
+    assert not list(orch_home.rglob("workdir-*.tar")), "nothing was packed"
+
+
+@pytest.mark.parametrize("folder, says", [
+    ("user", "is your home folder"), (".", "holds your home folder"),
+    ("user/.ssh", "is ~/.ssh, which holds credentials"),
+    ("user/.aws/sub", "sits inside ~/.aws"), ("orch", "is orch's own folder ($ORCH_HOME"),
+    ("orch/cache", "sits inside orch's own folder"),
+])
+def test_a_workdir_given_on_the_command_line_is_never_your_home_orch_home_or_a_key_folder(orch_home, tmp_path, folder,
+                                                                                          says):
+    home_with_keys(tmp_path)
+    (tmp_path / "user" / ".aws" / "sub").mkdir()
+    (orch_home / "cache").mkdir(parents=True, exist_ok=True)
+    task = write(tmp_path / "user" / "code" / "proj" / "task.yaml", "name: t\nresources: {cpu: true}\nrun: ls\n")
+    proc = run_orch("run", "-f", task, "--provider", "local", "--workdir", str((tmp_path / folder).resolve()), check=2)
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("orch: error: --workdir: workdir ")
+    assert says in proc.stderr, proc.stderr
+    assert open_orch().ledger.jobs() == [] and local_billing(orch_home) == set()
+    assert not list(orch_home.rglob("workdir-*.tar")), "nothing was packed"
+
+
+def test_a_project_folder_under_your_home_is_a_workdir_as_before(orch_home, tmp_path):
+    home = home_with_keys(tmp_path)
+    write(home / "code" / "proj" / "train.py", "print('hi')\n")
+    task = write(home / "code" / "proj" / "task.yaml", "name: t\nresources: {cpu: true}\nworkdir: .\nrun: ls\n")
+    proc = run_orch("run", "-f", task, "--provider", "local", "--dry-run", check=0)
+    assert f"2 file(s), 0.00 MB from {(home / 'code' / 'proj').resolve()}" in proc.stdout + proc.stderr
+    elsewhere = run_orch("run", "-f", write(tmp_path / "t2.yaml", "name: t\nresources: {cpu: true}\nrun: ls\n"),
+                         "--provider", "local", "--dry-run", "--workdir", str(home / "code" / "proj"), check=0)
+    assert "nothing rented" in elsewhere.stdout
+
+
+def test_orch_home_is_never_in_a_pack_whatever_the_folder(orch_home, tmp_path, monkeypatch):
+    """$ORCH_HOME (the ledger, reaper.env with the provider keys) is left out of any folder's list of
+    what to send, and a folder that holds it is refused before anything is packed."""
+    from orchestrator import workdir
+    from orchestrator.errors import UsageError
+
+    proj = tmp_path / "proj"
+    monkeypatch.setenv("ORCH_HOME", str(proj / ".orch"))
+    write(proj / ".orch" / "reaper.env", "RUNPOD_API_KEY=mine\n")
+    write(proj / "job.py", "print('hi')\n")
+    listed = [rel for rel, _ in workdir.files(proj, [])]
+    assert listed == ["job.py"], listed
+    with pytest.raises(UsageError, match=r"holds orch's own folder"):
+        workdir.pack(proj, tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_task_file_may_lower_the_workdir_cap_and_only_a_flag_raises_it(orch_home, tmp_path):
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "blob.bin").write_bytes(os.urandom(1_500_000))
+    task = write(tmp_path / "task.yaml", """
+        name: t
+        resources:
+          cpu: true
+        workdir: big
+        workdir_max_mb: 100000
+        run: echo hi
+        """)
+    proc = run_orch("run", "-f", task, "--dry-run", check=2)
+    assert proc.stderr.startswith(f"orch: error: {task}:5: workdir_max_mb: 100000 is above orch's cap of 200 MB")
+    assert "--workdir-max-mb 100000" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "over its cap of 1 MB" in run_orch("run", "-f", task, "--dry-run", "--workdir-max-mb", "1", check=2).stderr
+    assert "nothing rented" in run_orch("run", "-f", task, "--dry-run", "--workdir-max-mb", "2", check=0).stdout
+    nothing_created(orch_home)
+
+
+HOSTILE_SECRETS = {  # each names one of orch's own credentials, exported in the user's shell
+    "skypilot secrets": ("sky.yaml", "name: t\nnum_nodes: 1\nrun: echo $VAST_API_KEY\nsecrets:\n  VAST_API_KEY: null\n",
+                         5, "VAST_API_KEY", "one of the vastai provider's own settings"),
+    "skypilot envs": ("sky.yaml", "name: t\nnum_nodes: 1\nrun: echo $HF_TOKEN\nenvs:\n  HF_TOKEN:\n", 5, "HF_TOKEN",
+                      "the Hugging Face token orch passes itself"),
+    "dstack env": (".dstack.yml", "type: task\nname: t\nenv: [AWS_SECRET_ACCESS_KEY]\ncommands: [env]\n", 3,
+                   "AWS_SECRET_ACCESS_KEY", "one of the aws provider's own settings"),
+    "orch secrets": ("task.yaml",
+                     "name: t\nresources: {cpu: true}\nrun: env\nsecrets: [WANDB_API_KEY, RUNPOD_API_KEY]\n", 4,
+                     "RUNPOD_API_KEY", "one of the runpod provider's own settings"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_SECRETS))
+def test_a_task_file_naming_one_of_orchs_own_credentials_is_refused(orch_home, tmp_path, case):
+    """Finding 2 of issue 53: `secrets: {VAST_API_KEY: null}` (or dstack's `env: [AWS_SECRET_ACCESS_KEY]`,
+    or orch's `secrets: [RUNPOD_API_KEY]`) put the user's provider key into the rented machine's
+    environment. Refused in one line naming the variable and why, nothing made."""
+    name, text, line, var, why = HOSTILE_SECRETS[case]
+    task = write(tmp_path / name, text)
+    env = {k: "mine-" + secrets.token_hex(4) for k in ("VAST_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                                                       "RUNPOD_API_KEY", "WANDB_API_KEY")}
+    proc = run_orch("run", "-f", task, "--provider", "local", "--cpu", env=env, check=2)
+    refusal = proc.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"orch: error: {task}:{line}: secret {var} is {why}"), refusal
+    assert f"--allow-secret {var}" in refusal
+    nothing_created(orch_home)
+
+
+def test_orch_exec_refuses_a_provider_key_too(orch_home, tmp_path):
+    proc = run_orch("exec", "box", "--secret", "VAST_API_KEY", "--", "env", env={"VAST_API_KEY": "mine"}, check=2)
+    assert proc.stderr.startswith("orch: error: --secret: secret VAST_API_KEY is one of the vastai provider's own "
+                                  "settings"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    nothing_created(orch_home)
+
+
+def test_allow_secret_hands_a_provider_key_to_the_command_on_purpose(orch_home, tmp_path):
+    """The one way a provider key reaches a job: said on the command line, name by name; the job's
+    relaunches may read it (recorded at home, never in the ledger)."""
+    key = "rpa_" + secrets.token_hex(16)
+    task = write(tmp_path / "task.yaml", """
+        name: handed
+        resources: {cpu: true}
+        run: printf %s "$RUNPOD_API_KEY" | sha256sum > out.txt
+        secrets: [RUNPOD_API_KEY]
+        outputs: [out.txt]
+        """)
+    proc = run_orch("run", "-f", task, "--provider", "local", "--allow-secret", "RUNPOD_API_KEY", "--wait", "--json",
+                    env={"RUNPOD_API_KEY": key}, check=0)
+    assert json.loads(proc.stdout)["state"] == "completed", proc.stdout[-2000:]
+    out = (orch_home / "runs" / "handed" / "out.txt").read_text()
+    assert out.split()[0] == hashlib.sha256(key.encode()).hexdigest()
+    assert key.encode() not in b"".join(p.read_bytes() for p in orch_home.glob("ledger.db*"))
+    assert not (orch_home / "jobs" / "handed").exists(), "the handover ends with the job"
+
+
 # -- a command on the local provider ----------------------------------------------------------
 JOB_PY = '''
 import hashlib, json, os, sys, time

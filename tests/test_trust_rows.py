@@ -7,12 +7,14 @@ sent, written or deleted. And a node's address from a provider is a plain IP lit
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 
 import pytest
 from sqlalchemy import text
 
-from tests.clouds import local_billing, open_orch
+from tests.clouds import local_billing, open_orch, wait_for
 from tests.conftest import run_orch
 
 
@@ -85,6 +87,10 @@ TAMPERED = {
     "an env name of orch's": (lambda cmd: cmd.update(env={"ORCH_NODE_IPS": "x"}), "env 'ORCH_NODE_IPS'"),
     "a NUL in an env value": (lambda cmd: cmd.update(env={"A": "x\0y"}), "env A"),
     "outputs that are no list": (lambda cmd: cmd.update(outputs=".ssh"), "outputs"),
+    "a workdir that is your home": (lambda cmd: cmd.update(workdir=os.path.realpath(os.path.expanduser("~"))),
+                                    "is your home folder"),
+    "a workdir of keys": (lambda cmd: cmd.update(workdir=os.path.realpath(os.path.expanduser("~/.ssh"))),
+                          "~/.ssh, which holds credentials"),
 }
 
 
@@ -119,14 +125,18 @@ def test_a_packed_workdir_comes_from_orchs_cache_alone_and_a_changed_workdir_is_
     elsewhere.mkdir()
     real = next(cache.glob("workdir-*.tar"))
     (elsewhere / real.name).write_bytes(b"not the job's tar")
-    tamper_spec(job_id, lambda cmd: cmd.update(workdir_tar=str(elsewhere / real.name),
-                                               workdir=str(tmp_path / "user" / ".ssh")))
+    tamper_spec(job_id, lambda cmd: cmd.update(workdir_tar=str(elsewhere / real.name)))
     js = jobs.JobSpec.of(open_orch().ledger.get_job(job_id))
     assert js.work.workdir_tar == str(real), "a tar outside orch's cache was taken"
     said = []
+    js.work.workdir = str(tmp_path / "user" / ".ssh")  # past the row's own check (test_a_tampered_spec...)
     workdir.ready(js.work, cache, said.append)
     assert js.work.workdir_tar == str(real) and said == [], "the cached tar is the job's: no folder is packed"
-    real.unlink()  # the cache cleaned: the folder the row names is packed, and must give the job's tar
+    real.unlink()  # the cache cleaned: a folder of credentials is never packed, whatever the spec says
+    with pytest.raises(UsageError, match=r"~/\.ssh, which holds credentials"):
+        workdir.ready(js.work, cache, said.append)
+    assert list(cache.glob("workdir-*.tar")) == [], "nothing of ~/.ssh was packed"
+    js.work.workdir = str(elsewhere)  # another folder: packed again, it must give the job's tar
     with pytest.raises(UsageError, match="not what the job was made with"):
         workdir.ready(js.work, cache, said.append)
     assert list(cache.glob("workdir-*.tar")) == [], "a packed copy of the other folder was kept"
@@ -175,3 +185,54 @@ def test_only_a_plain_ip_literal_is_a_nodes_address(orch_home, address):
         remote = Remote("p1", inst.label, Status.RUNNING, endpoint=Endpoint("127.0.0.1", 22), private_ip=given)
         assert orch._endpoint(inst, orch.provider("local"), remote).private_ip == kept
         orch.ledger.transition(inst.id, states.FAILED, "test")
+
+
+def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_leaves(orch_home, tmp_path):
+    """Finding 2 of issue 53, from the ledger: a job row a teammate wrote (or changed) naming a
+    provider key got the key of whoever relaunched it (a reaper runs with every provider's key).
+    Refused unless a person handed it over on this machine (`--allow-secret`, kept at home): the
+    job fails saying which variable and why, nothing rented."""
+    key = "rpa_" + os.urandom(16).hex()
+    job_id = make_job(orch_home, tmp_path / "work", "keyed")
+    tamper_spec(job_id, lambda cmd: cmd.update(secrets=["RUNPOD_API_KEY"]))
+    from orchestrator.jobs import record
+
+    stale = open_orch().ledger.get_job(job_id)
+    stale.id = "another-job"  # an allowance of another job of that name (an old one, or a row that took its name)
+    record.allow_secrets(orch_home, stale, ["RUNPOD_API_KEY"])
+    shown = json.loads(run_orch("jobs", "show", "keyed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
+    job = open_orch().ledger.get_job(job_id)
+    assert shown["state"] == job.state == "failed", (job.state, job.reason)
+    assert "secret RUNPOD_API_KEY is one of the runpod provider's own settings" in job.reason, job.reason
+    assert open_orch().ledger.attempts(job_id) == []
+    nothing_rented(orch_home)
+    for path in orch_home.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+
+
+def test_a_provider_key_handed_to_a_job_on_this_machine_goes_with_its_relaunch(orch_home, tmp_path):
+    """`--allow-secret` is kept at home for that job (its id), so the job's next launch, from the
+    ledger's row, still gets the key it was given on purpose."""
+    from orchestrator import workdir
+    from orchestrator.jobs import record
+
+    key = "rpa_" + os.urandom(16).hex()
+    work = tmp_path / "work"
+    job_id = make_job(orch_home, work, "handed")
+    (work / "job.py").write_text("import hashlib, os, pathlib\npathlib.Path('out').mkdir()\n"
+                                 "pathlib.Path('out/model.pt').write_text(hashlib.sha256("
+                                 "os.environ['RUNPOD_API_KEY'].encode()).hexdigest())\n")
+    tar, size = workdir.pack(work, orch_home / "cache")  # the job as made with this job.py and that secret
+    tamper_spec(job_id, lambda cmd: cmd.update(secrets=["RUNPOD_API_KEY"], workdir_tar=str(tar), workdir_bytes=size))
+    record.allow_secrets(orch_home, open_orch().ledger.get_job(job_id), ["RUNPOD_API_KEY"])
+
+    def ended():
+        shown = json.loads(run_orch("jobs", "show", "handed", "--json", env={"RUNPOD_API_KEY": key}, check=0).stdout)
+        return shown if shown["state"] in ("completed", "failed") else None
+
+    shown = wait_for(ended, timeout=90, what="the job to end")
+    assert shown["state"] == "completed", (shown["state"], shown.get("reason"))
+    got = (orch_home / "runs" / "handed" / "out" / "model.pt").read_text()
+    assert got == hashlib.sha256(key.encode()).hexdigest()
+    assert local_billing(orch_home) == set() and not (orch_home / "jobs" / "handed").exists()

@@ -21,6 +21,7 @@ from typing import List, Optional
 import typer
 
 from orchestrator.cli.app import app, instance_named, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import OrchError, UsageError
 
 POLL_S = 1.0
@@ -43,15 +44,17 @@ def exec_(
                                                                       "command gets (repeatable; never stored)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
                                                                   "working directory (in place of the last one)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Run a command on a machine of yours that is up: no new rental, its setup reused; the output
     printed and the command's exit code returned (--detach: it goes on alone)."""
     from orchestrator.lifecycle import check_name
 
     check_name(name)  # before anything is opened: a refusal creates no ledger
-    cmd = _command_spec(file, command, env or [], secret or [], workdir, setup)
+    cmd = _command_spec(file, command, env or [], secret or [], workdir, setup, allow_secret or [], workdir_max_mb)
     orch = open_orch()
-    nodes, run = start(orch, name, cmd)
+    nodes, run = start(orch, name, cmd, frozenset(allow_secret or []))
     head = nodes[0]
     if detach:
         out(f"{name}: run r{run.id} started ({run.run_dir}); `orch logs {name} -f` follows it, its last line says "
@@ -70,12 +73,12 @@ def exec_(
     sys.exit(code if isinstance(code, int) and 0 <= code <= 255 else (0 if view["state"] == "completed" else 1))
 
 
-def _command_spec(file, command, env: list[str], secret: list[str], workdir: str | None, setup: bool):
+def _command_spec(file, command, env: list[str], secret: list[str], workdir: str | None, setup: bool,
+                  allow: list[str] = (), max_mb: float | None = None):
     """The command to run, checked as `orch run` checks a task's (every refusal one line, exit 2)."""
     import shlex
 
     from orchestrator import task
-    from orchestrator.cli import task_run
 
     if file is not None:
         t, lines = task.load(file)
@@ -94,7 +97,7 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
         raise UsageError(f"{where}: nothing to run: -- CMD, or -f with a run: (commands:)")
     if setup and not t.setup:
         raise UsageError(f"{where}: --setup, but the task has no setup:")
-    base = task_run.merge_flags(t, env, secret, workdir, base)
+    base = task_run.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb)
     task.check(t, path, lines)
     task_run._say_translation(path, lines)
     given = t.model_dump(exclude_unset=True)
@@ -107,7 +110,7 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
     return cmd
 
 
-def start(orch, name: str, cmd):
+def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
     """The command started on NAME (every node of a group), under the instance's claim; (nodes, the
     head's run). Refused when NAME is not ready, belongs to a job, or still runs something."""
     from orchestrator import claims, groups, states
@@ -121,7 +124,7 @@ def start(orch, name: str, cmd):
                              + (f" (`orch start {name}` first)" if node.state == states.STOPPED else ""))
     with claims.hold(orch.ledger, head.name, wait=60):
         _refuse_busy(orch, name, head, nodes)
-        run = command.launch(orch, nodes, cmd, None, reuse_workdir=cmd.workdir is None)
+        run = command.launch(orch, nodes, cmd, None, reuse_workdir=cmd.workdir is None, allowed=allowed)
     return nodes, run
 
 

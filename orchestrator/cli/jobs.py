@@ -18,6 +18,7 @@ import typer
 
 from orchestrator.cli import instances
 from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
@@ -44,7 +45,10 @@ def run(
     secret: Optional[List[str]] = typer.Option(None, "--secret", help="NAME of a variable of this environment the "
                                                                       "command gets (repeatable; never stored)."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder uploaded as the command's "
-                                                                  "working directory."),
+                                                                  "working directory (a task file's own workdir: "
+                                                                  "is beside it)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
     provider: Optional[List[str]] = typer.Option(None, "--provider", "-p", help="Providers to rank (repeatable; "
                                                  "default: every configured one). A CPU job uses the first (or the "
                                                  "default provider)."),
@@ -63,11 +67,10 @@ def run(
     everything, destroy. `orch up`'s options apply."""
     sub = None
     name, command = _after_dashes(name, command)
-    if file is not None or command or env or secret or workdir:
-        from orchestrator.cli import task_run
-
+    if file is not None or command or env or secret or workdir or allow_secret:
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
-                               max_hours, retries, keep, options)
+                               max_hours, retries, keep, {**options, "allow_secret": allow_secret or [],
+                                                          "workdir_max_mb": workdir_max_mb})
         if isinstance(got, task_run.Training):
             name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
             retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
@@ -157,7 +160,6 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
     orch = open_orch()
     try:
         if dry_run:
-            from orchestrator.cli import task_run
             from orchestrator.errors import NoCapacity
 
             try:

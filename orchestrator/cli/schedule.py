@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from orchestrator.cli.app import app, emit_json, open_orch, out, say
+from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
@@ -74,11 +75,15 @@ def add(
                                                                   "passed with no reaper pass."),
     replace: bool = typer.Option(False, "--replace", help="Refresh the schedule of that name: the task file, a new "
                                                           "snapshot of its workdir, and the flags."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="A local folder snapshotted as the command's "
+                                                                  "working directory (a task file's own workdir: "
+                                                                  "is beside it)."),
+    workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
+    allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
-    from orchestrator import config, cron, reaper_timer, scheduling, task
+    from orchestrator import config, cron, reaper_timer, schedule_secrets, scheduling, task
     from orchestrator import ledger_schedules as ls
-    from orchestrator.cli import task_run
 
     t, lines = task.load(file)
     sec = t.schedule
@@ -119,15 +124,18 @@ def add(
     now = scheduling.utcnow()
     due = c.next_after(now)
     home = config.home()
-    values, missing, problem = scheduling.reaper_secrets(home, list(t.secrets))
+    allow = list(allow_secret or [])
+    names = list(dict.fromkeys([*t.secrets, *allow]))
+    before = schedule_secrets.read(home, name)[0] if replace else {}  # --replace: what it has, unless exported anew
+    values = {n: os.environ.get(n) or before.get(n) or "" for n in names}
+    missing = [n for n, v in values.items() if not v]
     if missing:
-        raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is neither in this "
-                         f"environment nor in the reaper's ({scheduling.env_file(home)}"
-                         + (f"; {problem}" if problem else "") + "): export it and add the schedule again (orch keeps "
-                         "it in that file, 0600, for the reaper's runs; never in the ledger)")
+        raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is not set in this "
+                         "environment: export it and add the schedule again (orch keeps it for this schedule's runs "
+                         f"alone in {schedule_secrets.FOLDER}/{name}.json under $ORCH_HOME, 0600; never in the ledger)")
     with scheduling.environment(values):  # the task's secret check reads them there
-        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], None, None, None, None,
-                               3, False, {})
+        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], workdir, None, None,
+                               None, 3, False, {"allow_secret": allow, "workdir_max_mb": workdir_max_mb})
     req = sub.spec.request
     if price is not None and (req.cpu or req.offer):
         what = "a CPU-only task" if req.cpu else "an offer given"
@@ -143,11 +151,9 @@ def add(
                       job=scheduling.job_json(sub), snapshot=str(tar) if tar else None, due_at=due)
     if old is not None and old.snapshot != row.snapshot:
         scheduling.drop_snapshot(orch, old.snapshot)
-    in_file = scheduling.reaper_secrets(home, list(t.secrets), environ={})[0]
-    kept = {k: os.environ[k] for k in t.secrets if os.environ.get(k) and in_file.get(k) != os.environ[k]}
-    if kept:  # this shell's value, where the file has none or another
-        path = scheduling.keep_secrets(home, kept)
-        say(f"orch: secret {', '.join(sorted(kept))} copied to {path} (0600): the reaper's runs read it there")
+    kept = schedule_secrets.write(home, name, values)  # for its runs alone; none: no file
+    if kept is not None:
+        say(f"orch: secret {', '.join(sorted(values))} kept for schedule {name}'s runs alone in {kept} (0600)")
     work = sub.spec.work
     out(f"schedule {name} {'replaced' if old else 'added'}: {expr} ({tz_name}), next run "
         f"{c.local(due).isoformat()} as {c.run_name(name, due)}" + (" (paused)" if row.paused else ""))
@@ -203,7 +209,7 @@ def _schedule(orch, name: str):
 @schedule_app.command("rm")
 def rm(name: str):
     """Remove the schedule (its runs so far stay, as jobs)."""
-    from orchestrator import jobs, scheduling
+    from orchestrator import jobs, schedule_secrets, scheduling
     from orchestrator import ledger_schedules as ls
 
     orch = open_orch()
@@ -211,6 +217,7 @@ def rm(name: str):
     running = [r.name for r, _ in ls.active(orch.ledger, s.id, jobs.ACTIVE)]
     ls.remove(orch.ledger, name)
     scheduling.drop_snapshot(orch, s.snapshot)
+    schedule_secrets.remove(orch.home, name)
     out(f"schedule {name} removed" + (f"; {', '.join(running)} goes on as a job (`orch jobs`)" if running else ""))
 
 

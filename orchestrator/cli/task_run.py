@@ -18,8 +18,26 @@ from orchestrator.text import clean
 TRAINING_FLAGS = {"data": "--data", "model": "--model", "epochs": "--epochs", "imgsz": "--imgsz", "batch": "--batch",
                   "save_period": "--save-period", "train_arg": "--train-arg", "push_to": "--push-to",
                   "resume": "--resume"}
+COMMAND_FLAGS = ("allow_secret", "workdir_max_mb")  # a command's, given to `resolve` beside `orch up`'s options
 RESOURCE_FLAGS = ("gpu", "gpus", "cpu", "disk", "image", "spot", "bid")
 OFFERS_SHOWN = 10
+
+
+def workdir_max_mb_option():
+    """``--workdir-max-mb``, as `orch run`, `orch exec` and `orch schedule add` take it."""
+    import typer
+
+    return typer.Option(None, "--workdir-max-mb", help="The cap on what the workdir sends, in MB (default 200; a task "
+                                                       "file may lower it, not raise it).")
+
+
+def allow_secret_option():
+    """``--allow-secret``, as `orch run`, `orch exec` and `orch schedule add` take it."""
+    import typer
+
+    return typer.Option(None, "--allow-secret", help="NAME of one of orch's own credentials (a provider's key, "
+                                                     "HF_TOKEN) handed to the command as a secret, on purpose "
+                                                     "(repeatable).")
 
 
 @dataclass
@@ -81,7 +99,8 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
 
         groups.check_nodes(options["nodes"])
         t.nodes = options["nodes"]
-    base = merge_flags(t, env, secret, workdir, base)
+    base = merge_flags(t, env, secret, workdir, base, path, lines, options.get("allow_secret") or [],
+                       options.get("workdir_max_mb"))
     if t.run is None and t.train is None:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: nothing to run: give run: (a command) "
                          "or train: (a LibreYOLO training)")
@@ -104,7 +123,8 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
             if getattr(res, key) is not None:
                 raise UsageError(f"{task.where(path, lines, 'resources', key)}: resources.{key} is for a command "
                                  "(run:); a train: job names its gpu")
-        return Training(name, _train_options(t, options), t.max_cost, t.max_hours, t.retries, t.keep, providers,
+        up = {k: v for k, v in options.items() if k not in COMMAND_FLAGS}
+        return Training(name, _train_options(t, up), t.max_cost, t.max_hours, t.retries, t.keep, providers,
                         res.max_price)
     given = [flag for key, flag in TRAINING_FLAGS.items() if _given(key)]
     if given:
@@ -112,18 +132,35 @@ def resolve(ctx, name, command, file, dry_run, env, secret, workdir, provider, m
     return _command(name, t, path, lines, base, providers, dry_run, options)
 
 
-def merge_flags(t, env, secret, workdir, base: Path) -> Path:
-    """``--env``, ``--secret`` and ``--workdir`` over a task (``orch run``, ``orch exec``): the flags add
-    to the file's env and secrets, and a workdir given is read from here; returns the folder the
-    task's relative paths are read from."""
-    from orchestrator import task
+def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allow=(), max_mb=None) -> Path:
+    """``--env``, ``--secret``, ``--allow-secret``, ``--workdir`` and ``--workdir-max-mb`` over a task
+    (``orch run``, ``orch exec``, ``orch schedule add``): the flags add to the file's env and
+    secrets, and a workdir given is read from here; returns the folder the task's relative paths
+    are read from. What a file may not say alone is refused here, with its line: a secret that is
+    one of orch's own credentials (``credentials``) without ``--allow-secret NAME``, and a
+    ``workdir_max_mb`` above the default without ``--workdir-max-mb``."""
+    from orchestrator import credentials, task
 
     if env:
         t.env.update(task.env_pairs(env))
-    if secret:
-        t.secrets = list(dict.fromkeys(t.secrets + list(secret)))
+    from_file = list(t.secrets)
+    if secret or allow:
+        t.secrets = list(dict.fromkeys(t.secrets + list(secret or []) + list(allow or [])))
+    for i, name in enumerate(t.secrets):
+        at = task.where(path, lines, "secrets", i) if path is not None and i < len(from_file) else \
+            ("--secret" if name in (secret or []) else "orch run")
+        credentials.refuse(name, allow, at)
+    if max_mb is not None:
+        if not 0 < max_mb <= 100_000:
+            raise UsageError(f"--workdir-max-mb is a size in MB above 0 and at most 100000, not {max_mb:g}")
+        t.workdir_max_mb = max_mb
+    elif t.workdir_max_mb > task.DEFAULT_WORKDIR_MB:
+        raise UsageError(f"{task.where(path, lines, 'workdir_max_mb')}: workdir_max_mb: {t.workdir_max_mb:g} is above "
+                         f"orch's cap of {task.DEFAULT_WORKDIR_MB:g} MB: a task file may lower the cap, not raise it; "
+                         f"raise it on the command line (--workdir-max-mb {t.workdir_max_mb:g})")
     if workdir is not None:
         t.workdir, base = workdir, Path.cwd()
+        t._workdir_given = True  # read from here, wherever it is (``command_spec``)
     return base
 
 
@@ -183,7 +220,8 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
                       nodes=t.nodes, volumes=volumes, min_vram=res.min_vram, max_vram=res.max_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
-                           disk_given=res.disk is not None)
+                           disk_given=res.disk is not None,
+                           allowed_secrets=frozenset(options.get("allow_secret") or []))
 
 
 def command_spec(t, path, lines, base: Path):
@@ -192,9 +230,11 @@ def command_spec(t, path, lines, base: Path):
     from orchestrator import task, workdir
 
     folder = None
-    if t.workdir is not None:
-        folder = workdir.folder(base, t.workdir, task.where(path, lines, "workdir"))  # ~nouser, a NUL: refused
-        workdir.measure(folder, t.workdir_max_mb, task.where(path, lines, "workdir"))
+    if t.workdir is not None:  # ~nouser, a NUL, a task file's folder elsewhere (not --workdir): refused
+        within = path is not None and not t._workdir_given
+        at = "--workdir" if t._workdir_given else task.where(path, lines, "workdir")
+        folder = workdir.folder(base, t.workdir, at, within=within)
+        workdir.measure(folder, t.workdir_max_mb, at)
     return task.CommandSpec(run=t.run, setup=t.setup, env={k: task.scalar(v) for k, v in t.env.items()},
                             secrets=list(t.secrets), workdir=str(folder) if folder else None,
                             outputs=[task.under_workdir(o, "output", "") for o in t.outputs],

@@ -203,7 +203,10 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
         if ended is not None:
             state, reason, fields = ended
             return finish_job(orch, job, state, reason, **fields)
-        blocked = kind.blocked()
+        refused = kind.refused(orch, job)
+        if refused:  # nothing rented: the row asks what none may
+            return finish_job(orch, job, FAILED, refused)
+        blocked = kind.blocked(orch, job)
         if blocked:  # nothing rented that could not be started
             why = f"{blocked} (`orch jobs show {job.name}` where it is set relaunches it)"
             return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job

@@ -152,6 +152,38 @@ def job_dir(home: Path, name: str) -> Path:
     return Path(home) / "jobs" / name
 
 
+ALLOWED = "allowed-secrets.json"  # in jobs/NAME: orch's own credentials a person handed to that job
+
+
+def allow_secrets(home: Path, job, names) -> None:
+    """Record at home (never in the ledger, which others may write) that ``names``, orch's own
+    credentials, were handed to ``job`` on the command line (``--allow-secret``): its relaunches
+    may read them. Bound to the job's id: a later job of that name, or a row naming it, has none."""
+    import os
+
+    names = sorted(set(names))
+    if not names:
+        return
+    path = job_dir(home, job.name) / ALLOWED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{ALLOWED}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"job": job.id, "secrets": names}, f)
+    os.replace(tmp, path)
+
+
+def allowed_secrets(home: Path, job) -> frozenset:
+    """The credentials handed to ``job`` on the command line (``allow_secrets``); none by default."""
+    try:
+        found = json.loads((job_dir(home, job.name) / ALLOWED).read_text())
+    except (OSError, ValueError, RecursionError, UsageError):
+        return frozenset()
+    if not isinstance(found, dict) or found.get("job") != job.id or not isinstance(found.get("secrets"), list):
+        return frozenset()
+    return frozenset(n for n in found["secrets"] if isinstance(n, str))
+
+
 def checkpoint_dir(home: Path, name: str, epoch: int) -> Path:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise UsageError(f"a checkpoint copy is numbered, not {epoch!r}")

@@ -171,3 +171,6 @@ class Submission:
     keep: bool = False
     resume_from: Path | None = None  # a pulled run folder whose last.pt the job resumes from
     disk_given: bool = True  # False: the kind sizes the disk from what it will hold
+    # orch's own credentials handed to the command on purpose (``--allow-secret``, a schedule's
+    # stored at `add`): kept at home for its relaunches (``record.allow_secrets``), never in the ledger
+    allowed_secrets: frozenset = frozenset()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.jobs import engine, resume_copy
+from orchestrator.jobs import engine, record, resume_copy
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.record import note
 from orchestrator.jobs.spec import Submission
@@ -46,6 +46,7 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
     if sub.max_cost is not None and choice.usd is None:
         orch.say(f"      no estimate for this offer: --max-cost ${sub.max_cost:g} is enforced while it runs")
     job = _record(orch, replace(sub, spec=js), choice, time.monotonic() - t0)
+    record.allow_secrets(orch.home, job, sub.allowed_secrets)
     return Submitted(choice, engine.start(orch, job, choice))
 
 

@@ -56,8 +56,13 @@ class JobKind(ABC):
         """Epochs left after the job's copy of epoch ``done`` (None: the kind counts none)."""
         return None
 
-    def blocked(self) -> str | None:
-        """Why no attempt can launch from this process now (a secret missing from its
+    def refused(self, orch, job) -> str | None:
+        """Why no attempt of ``job`` may ever launch (its stored spec asks what no row may): the
+        job fails with it before anything is rented."""
+        return None
+
+    def blocked(self, orch=None, job=None) -> str | None:
+        """Why no attempt of ``job`` can launch from this process now (a secret missing from its
         environment): nothing is rented, and an orch process that has it relaunches."""
         return None
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from orchestrator import claims
 from orchestrator.errors import OrchError
 from orchestrator.jobs.kinds.base import JobKind, Launched
-from orchestrator.jobs.record import checkpoint_dir, copies, loads, log_tail, note_once, tail_lines, weights_dir
+from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, loads, log_tail, note_once, tail_lines,
+                                      weights_dir)
 from orchestrator.nodes import Run, is_plain_ip, mpi_hostfile, run_env
 from orchestrator.task import CommandSpec
 from orchestrator.text import clean
@@ -52,8 +53,23 @@ def node_environment(cmd: CommandSpec, rank: int, ips: list[str], gpus: int, por
     return env
 
 
+def secret_source(orch, job):
+    """Where a job's secrets are read at a launch: a schedule's run, from what was stored for that
+    schedule alone (``schedule_secrets``), never the environment of the reaper that relaunches it
+    (the keys it rents with); any other job, this process's environment."""
+    import os
+
+    from orchestrator import ledger_schedules, schedule_secrets
+
+    if job is not None:
+        schedule = ledger_schedules.of_jobs(orch.ledger, [job.id]).get(job.id)
+        if schedule is not None:
+            return schedule_secrets.read(orch.home, schedule)[0]
+    return os.environ
+
+
 def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept: frozenset = frozenset(),
-           reuse_workdir: bool = False, job=None):
+           reuse_workdir: bool = False, job=None, allowed: frozenset = frozenset(), environ=None):
     """Start the command on every node of a ready group (one machine: a group of one), ranks in
     the nodes' order: the workdir up and the checkpoint folder restored on each (in parallel),
     a port free on the head, then every node started. A node in ``kept`` (a survivor of a lost
@@ -62,13 +78,16 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
     Every node also finds who the run is (``nodes.run_env``: ``job``'s id as SkyPilot's task id,
     the same at each relaunch; without a job, `orch exec`, one id per exec) and an MPI hostfile.
     Returns the head's run row (running); a node that could not start ends the
-    others' commands before the error goes on."""
+    others' commands before the error goes on. The secrets are read from ``environ`` (this
+    process's by default), none of orch's own credentials but those in ``allowed``."""
+    from orchestrator import credentials
     from orchestrator import parallel as par
     from orchestrator import remote, task, volume_mounts
     from orchestrator.kill_points import kill_point
     from playbooks import command, host, train
 
-    secrets = task.secret_values(cmd.secrets)  # refused before anything is written
+    credentials.stored(cmd.secrets, allowed, "the job's command")  # a row from a shared ledger too
+    secrets = task.secret_values(cmd.secrets, environ)  # refused before anything is written
     prepare(cmd, orch.home, orch.say)
     size, head = len(nodes), nodes[0]
 
@@ -374,19 +393,36 @@ class CommandKind(JobKind):
         prepare(self.spec, orch.home, orch.say)
         return js
 
-    def blocked(self) -> str | None:
+    def refused(self, orch, job) -> str | None:
+        """A stored command naming one of orch's own credentials that no one handed to it on this
+        machine (``--allow-secret``, recorded at home): a row written into a shared ledger never
+        gets the keys of whoever relaunches it."""
+        from orchestrator import credentials
+        from orchestrator.errors import UsageError
+
+        try:
+            credentials.stored(self.spec.secrets, allowed_secrets(orch.home, job), "its stored command")
+        except UsageError as e:
+            return _why(e)
+        return None
+
+    def blocked(self, orch=None, job=None) -> str | None:
         import os
 
-        missing = [n for n in self.spec.secrets if not os.environ.get(n)]
+        environ = secret_source(orch, job) if orch is not None else os.environ
+        missing = [n for n in self.spec.secrets if not environ.get(n)]
         if not missing:
             return None
+        if environ is not os.environ:
+            return f"secret {', '.join(missing)} is not stored for its schedule (`orch schedule add --replace`)"
         return f"waiting for an orch process with {', '.join(missing)} in its environment"
 
     # -- an attempt ----------------------------------------------------------------------------
     def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
         src = checkpoint_dir(orch.home, job.name, copy) if copy else None
         start = copy if src is not None and src.is_dir() else None
-        run = launch(orch, nodes, self.spec, src if start else None, kept, job=job)
+        run = launch(orch, nodes, self.spec, src if start else None, kept, job=job,
+                     allowed=allowed_secrets(orch.home, job), environ=secret_source(orch, job))
         return Launched(run, start, f"checkpoint folder restored from copy {start}" if start is not None else "started")
 
     def read(self, orch, inst, run) -> dict:
