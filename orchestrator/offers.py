@@ -164,6 +164,9 @@ class Answer:
     # Providers not asked, each with why (its key is missing: what to set; no offers here), so that
     # "no offer matches" never hides a provider that was never asked.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # Offers that match and cannot be rented now, each with why (a provider's catalog shows them in
+    # stock nowhere: RunPod's): never ranked, and said, so that "no offer matches" is not a mystery.
+    out_of_stock: list[tuple[str, str, str]] = field(default_factory=list)  # (provider, "GPU xN", why)
 
     @property
     def partial(self) -> bool:
@@ -238,6 +241,10 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
     measured = measurements(orch.ledger, job) if job else []
     for offer in offers:
         row = _row(offer, query.disk_gb)
+        if offer.price_hr is None and offer.spot_hr is None and (offer.note or "").startswith("out of stock"):
+            if _fits(row, query):
+                answer.out_of_stock.append((offer.provider, f"{row.gpu} x{offer.gpus}", offer.note))
+            continue
         if not _wanted(row, query) or not _reaches(providers.get(offer.provider), offer, query.volumes):
             continue
         if job:
@@ -320,12 +327,17 @@ def _row(offer: Offer, disk_gb: int) -> Row:
                disk_hr=disk_hr, stopped_hr=stopped)
 
 
-def _wanted(row: Row, q: Query) -> bool:
+def _fits(row: Row, q: Query) -> bool:
+    """The GPU asked for, whatever its price."""
     if row.offer.gpus != q.gpus:
         return False
     if q.gpu and not gpus.matches(q.gpu, row.offer.gpu_name):
         return False
-    if q.min_vram is not None and row.vram_gb < q.min_vram:
+    return q.min_vram is None or row.vram_gb >= q.min_vram
+
+
+def _wanted(row: Row, q: Query) -> bool:
+    if not _fits(row, q):
         return False
     price = row.hourly(q.mode)
     if price is None:
