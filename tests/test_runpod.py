@@ -419,20 +419,6 @@ def test_a_body_the_v2_schema_does_not_define_is_refused_by_name(fake_runpod):
     assert fake_runpod.live() == []
 
 
-def test_graphql_pod_mutations_answer_as_retired(fake_runpod):
-    """The tests run with GraphQL's pod mutations retired: what orch does is v2 or nothing."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(fake_runpod.url + "/graphql", method="POST", data=json.dumps(
-        {"query": 'mutation { podStop(input: {podId: "x"}) { id } }'}).encode(),
-        headers={"Authorization": f"Bearer {fake_runpod.key}", "Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as gone:
-        urllib.request.urlopen(req, timeout=10)
-    assert gone.value.code == 410 and "REST API v2" in gone.value.read().decode()
-
-
 @pytest.mark.parametrize("destroy", [False, True])
 def test_pod_stops_itself(provider, fake_runpod, key, destroy):
     key_path, public_key = key
@@ -485,8 +471,8 @@ def test_a_pod_from_graphql_days_keeps_working_by_its_id(provider, fake_runpod, 
     """A pod a ledger holds from GraphQL days has the same id in v2: looked up, stopped, started and
     ended through v2 alone (the GraphQL mutations are retired)."""
     fake_runpod.retire_graphql = False
-    from tests.fakes.runpod_api import parse  # noqa: F401 - the fake's GraphQL side still reads queries
     import json
+    import urllib.error
     import urllib.request
 
     mutation = ('mutation { podFindAndDeployOnDemand(input: {name: "%s", imageName: "runpod/base", '
@@ -496,7 +482,12 @@ def test_a_pod_from_graphql_days_keeps_working_by_its_id(provider, fake_runpod, 
     req = urllib.request.Request(fake_runpod.url + "/graphql", method="POST", data=json.dumps({"query": mutation}).encode(),
                                  headers={"Authorization": f"Bearer {fake_runpod.key}", "Content-Type": "application/json"})
     old = json.load(urllib.request.urlopen(req, timeout=30))["data"]["podFindAndDeployOnDemand"]["id"]
-    fake_runpod.retire_graphql = True
+    fake_runpod.retire_graphql = True  # from here on GraphQL's pod mutations answer as a retired API
+    req = urllib.request.Request(fake_runpod.url + "/graphql", method="POST", data=json.dumps(
+        {"query": 'mutation { podStop(input: {podId: "%s"}) { id } }' % old}).encode(),
+        headers={"Authorization": f"Bearer {fake_runpod.key}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError, match="410"):
+        urllib.request.urlopen(req, timeout=10)
     up = reach.wait_ssh(provider, old, timeout=30, interval=0.05)
     assert up.label == _label("old") and [r.provider_id for r in provider.list()] == [old]
     provider.stop(old)

@@ -5,8 +5,9 @@ members mapped to orch's nodes by the cluster's ranks and addresses, ended whole
 from __future__ import annotations
 
 import json
+import signal
 
-from tests.clouds import open_orch, runpod  # noqa: F401 - fixture
+from tests.clouds import configure, open_orch, orch_proc, runpod, wait_for  # noqa: F401 - fixture
 from tests.conftest import run_orch
 
 SHOW = (". /etc/rp_environment; "  # RunPod's own variables, as its image gives them to a login shell
@@ -50,3 +51,82 @@ def test_a_gpu_type_without_clusters_is_refused_before_anything_is_asked(orch_ho
     assert "RunPod offers no Instant Cluster of RTX 4090 x1 per node in any data center now" in proc.stderr
     assert "those it offers: H100 SXM" in proc.stderr
     assert fake.sent("POST", "/v2/clusters") == [] and fake.sent("POST", "/v2/pods") == []
+
+
+def test_ctrl_c_during_a_clusters_bring_up_leaves_nothing(orch_home, runpod):
+    fake, env = runpod
+    fake.runtime_delay = 10**6  # its members stay STARTING: the bring-up waits on them
+    proc = orch_proc("up", "g", "--provider", "runpod", "--gpu", "H100 SXM", "--nodes", "2", env=env)
+
+    def made():
+        if proc.poll() is not None:
+            return "ended"
+        return (orch_home / "ledger.db").exists() and \
+            len([i for i in open_orch().ledger.instances() if i.state == "provisioning"]) == 2
+    try:
+        got = wait_for(made, 120, "the cluster made and both nodes provisioning", every=0.1)
+        assert got is True, f"orch up ended ({proc.returncode}) first: {proc.communicate()[1][-3000:]}"
+        assert len(fake.live_clusters()) == 1
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "orch: interrupted" in err, err
+    assert fake.live_clusters() == [] and fake.live() == [], "the cluster deleted, every member with it"
+    assert all(i.state in ("destroyed", "failed") for i in open_orch().ledger.instances())
+
+
+def test_a_member_that_never_starts_fails_the_bring_up_and_deletes_the_cluster(orch_home, runpod):
+    fake, env = runpod
+    configure(orch_home, "runpod", fake.settings(destroy_timeout=5, container_start_minutes=0.02))
+    fake.fail_cluster_member = 1  # its last member's container never starts
+    proc = run_orch("up", "g", "--provider", "runpod", "--gpu", "H100 SXM", "--nodes", "2", env=env)
+    assert proc.returncode != 0 and "has not started its container" in proc.stderr, proc.stderr
+    assert fake.live_clusters() == [] and fake.live() == []
+    assert len(fake.sent("POST", "/v2/clusters")) == 1  # all or nothing: no second cluster, no lone pod
+    assert fake.sent("POST", "/v2/pods") == []
+
+
+def test_reconcile_ends_a_cluster_of_orchs_that_the_ledger_does_not_hold(orch_home, runpod):
+    """A cluster named for an orch group with no live node (an orch killed after its create, a group
+    whose nodes ended one by one): reconcile deletes it, every member with it. Others' clusters stay."""
+    from providers.runpod.api import Rest
+
+    fake, env = runpod
+    api = Rest(fake.key, attempts=1)
+    body = {"name": "orch-grp-0a1b2c3d4e5f-lost", "type": "TRAINING", "image": "runpod/base", "ports": ["22/tcp"],
+            "compute": {"gpuTypeId": "NVIDIA H100 80GB HBM3", "gpuCountPerPod": 1, "podCount": 2}}
+    api.once("POST", "/clusters", body)
+    theirs = api.once("POST", "/clusters", {**body, "name": "someone-elses"})
+    report = json.loads(run_orch("reconcile", "--json", env=env).stdout)
+    swept = next(p for p in report["providers"] if p["provider"] == "runpod")["swept"]
+    assert len(swept) == 1 and "orch-grp-0a1b2c3d4e5f-lost" in swept[0], report
+    assert [c["id"] for c in fake.live_clusters()] == [theirs["id"]]
+    assert len(fake.live()) == 2  # the other cluster's members, untouched
+
+
+def test_a_lost_member_relaunches_the_whole_cluster_and_the_history_says_why(orch_home, runpod):
+    """No pod can be added to an Instant Cluster: a lost member is not replaced alone (as on AWS or
+    Lambda), the group is relaunched as a new cluster, and the job's history says so."""
+    fake, env = runpod
+    proc = orch_proc("run", "pair", "--provider", "runpod", "--gpu", "H100 SXM", "--nodes", "2", "--wait", "--json",
+                     "--", "sh", "-c", "sleep 6; echo done", env=env)
+    try:
+        ledger = open_orch().ledger
+        wait_for(lambda: (ledger.job("pair") or None) and ledger.job("pair").state == "running", 240,
+                 "the job running on both nodes")
+        [first] = fake.live_clusters()
+        member = next(fake.pods[p] for p in first["pods"] if fake.pods[p].rank == 1)
+        with fake._lock:  # its host fails: RunPod's side ends the member pod, the cluster stays
+            fake._end(member)
+        out, err = proc.communicate(timeout=480)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    job = json.loads(out)
+    assert job["state"] == "completed", (job["history"][-5:], err[-2000:])
+    history = " ".join(h["text"] for h in job["history"])
+    assert "RunPod cannot add a pod to an Instant Cluster" in history and "whole cluster is relaunched" in history
+    assert len(fake.sent("POST", "/v2/clusters")) == 2 and fake.sent("POST", "/v2/pods") == []
+    assert fake.live_clusters() == [] and fake.live() == []

@@ -41,6 +41,11 @@ class RunPodProvider(Provider, Stoppable, SelfEnding, HasVolumes, RentsGroups):
     new_host_key_on_start = True
     env_keys = ("RUNPOD_API_KEY", "RUNPOD_API_BASE_URL")
     credentials = "RUNPOD_API_KEY, or api_key under [providers.runpod] in config.toml"
+    # A group is one Instant Cluster (``clusters``): its members are made and deleted with it only (the
+    # v2 Pod schema's ``cluster``: "cannot be modified or deleted via the pod endpoints"; "Create a
+    # cluster" takes the whole shape, and no route adds a pod to one).
+    no_lone_replacement = ("RunPod cannot add a pod to an Instant Cluster (its members are made and deleted with "
+                           "the cluster only): the whole cluster is relaunched")
     resolve_gpu = staticmethod(resolve_gpu)
     # A network volume lives in one data center, and several pods may mount it at once (RunPod docs,
     # "Storage options": network volumes are shareable across Pods).
