@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
 from orchestrator.errors import AuthError, NoCapacity, ProviderError
@@ -117,6 +118,48 @@ class Rest:
         """A request that is safe to repeat, with bounded retries."""
         return http.call(lambda: self.once(method, path, body, query), attempts=self.attempts, base=self.base,
                          cap=MAX_WAIT)
+
+
+def create_once(send: Callable[[], Any], find: Callable[[], Any], what: str, window: float, poll: float,
+                attempts: int, base: float) -> Any:
+    """A create that is never sent twice blindly (RunPod's names are not unique, and v2 takes no
+    idempotency key): ``send()`` once; after a failure worth another try, ``find()`` (what the create
+    would have made, by its name) is looked for, for ``window`` seconds where RunPod may have acted
+    (``MaybeMade``), once where it made nothing (a 429, a refused connection). What was found is the
+    answer; else, after a ``MaybeMade``, an error that no second create follows; after a refusal that
+    made nothing, another try (bounded)."""
+
+    def once() -> Any:
+        try:
+            return send()
+        except AuthError:
+            raise
+        except http.Transient as e:
+            maybe = isinstance(e, MaybeMade)
+            found = looked_for(find, window if maybe else 0, poll)
+            if found is not None:
+                return found
+            if maybe:
+                raise ProviderError(f"creating {what} failed ({e}), and it did not show within {window:g} s: orch "
+                                    "sends no second create; `orch reconcile` settles it should it show later (or "
+                                    "look in the RunPod console before trying again)") from None
+            raise
+
+    return http.call(once, attempts=attempts, base=base, cap=MAX_WAIT)
+
+
+def looked_for(find: Callable[[], Any], seconds: float, poll: float) -> Any:
+    """``find()``'s first answer that is not None within ``seconds`` (a listing may lag a create); a
+    listing that fails counts as not found yet."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            found = find()
+        except ProviderError:
+            found = None
+        if found is not None or time.monotonic() >= deadline:
+            return found
+        time.sleep(max(poll, 0.05))
 
 
 def credentials_file_key() -> str | None:

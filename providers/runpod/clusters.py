@@ -25,10 +25,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.errors import AuthError, NoCapacity, ProviderError, UsageError
-from orchestrator.provider import Remote, Request, http, parse_label
+from orchestrator.errors import NoCapacity, ProviderError, UsageError
+from orchestrator.provider import Remote, Request, parse_label
 from providers.runpod import pods
-from providers.runpod.api import MaybeMade, NotFound, path_id
+from providers.runpod.api import NotFound, create_once, path_id
 from providers.runpod.offers import resolve_gpu, stocked_centers, type_name
 from providers.runpod.volumes import network_mount
 
@@ -128,38 +128,12 @@ class Clusters:
     def _send(self, body: dict, name: str) -> dict:
         """``POST /v2/clusters`` once; after an answer RunPod may have acted on, the cluster looked
         for by its name (for ``create_lookup_seconds``), never a second create."""
-
-        def once() -> dict:
-            try:
-                return self.api.once("POST", "/clusters", body)
-            except AuthError:
-                raise
-            except http.Transient as e:
-                window = self.p._just_made.grace if isinstance(e, MaybeMade) else 0
-                found = self._look_for(name, window)
-                if found is not None:
-                    return found
-                if isinstance(e, MaybeMade):
-                    raise ProviderError(f"creating cluster {name} failed ({e}), and no cluster of that name "
-                                        f"showed within {window:g} s: orch sends no second create; `orch reconcile` "
-                                        "ends it should it show later") from None
-                raise
-
-        made = http.call(once, attempts=self.api.attempts, base=self.api.base)
+        made = create_once(lambda: self.api.once("POST", "/clusters", body),
+                           lambda: next((c for c in self.list() if c.get("name") == name), None), f"cluster {name}",
+                           self.p._just_made.grace, self.p.poll_seconds, self.api.attempts, self.api.base)
         if not isinstance(made, dict) or not made.get("id"):
             raise ProviderError(f"RunPod's cluster create answered without a cluster: {str(made)[:200]}")
         return made
-
-    def _look_for(self, name: str, window: float) -> dict | None:
-        deadline = time.monotonic() + window
-        while True:
-            try:
-                found = next((c for c in self.list() if c.get("name") == name), None)
-            except ProviderError:
-                found = None
-            if found is not None or time.monotonic() >= deadline:
-                return found
-            time.sleep(max(self.p.poll_seconds, 0.05))
 
     def _members(self, cluster_id: str, count: int) -> dict[int, dict]:
         """The cluster's member pods by rank, once all ``count`` are listed with a rank (a rank is

@@ -26,10 +26,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.errors import AuthError, ProviderError, UsageError
-from orchestrator.provider import http
+from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider.model import Offer, Request, Volume, parse_volume_label, volume_label
-from providers.runpod.api import MaybeMade, NotFound, Rest, path_id
+from providers.runpod.api import NotFound, Rest, create_once, path_id
 
 GB_MONTH_FIRST_TB = 0.07
 GB_MONTH_ABOVE = 0.05
@@ -109,41 +108,15 @@ class NetworkVolumes:
         if already is not None:
             return already
 
-        def once() -> dict | Volume:
-            try:
-                return self.api.once("POST", "/network-volumes", given)
-            except AuthError:
-                raise
-            except http.Transient as e:
-                # A 429 or a refused connection made nothing; a 5xx or a lost answer may have: look
-                # (patiently when it may have), then send again only if it is not there.
-                found = self._look_for(name, patient=isinstance(e, MaybeMade))
-                if found is not None:
-                    return found
-                if isinstance(e, MaybeMade):
-                    raise ProviderError(f"creating RunPod network volume {label} failed ({e}) and it is not "
-                                        f"listed after {self.lookup_seconds:g} s: orch sends no second create; look "
-                                        "in the RunPod console (or `orch reconcile` later) before trying again") from None
-                raise
-
-        made = http.call(once, attempts=self.api.attempts, base=self.api.base)
+        made = create_once(lambda: self.api.once("POST", "/network-volumes", given),
+                           lambda: self.find(name, with_pods=False), f"RunPod network volume {label}",
+                           self.lookup_seconds, self.poll, self.api.attempts, self.api.base)
         if isinstance(made, Volume):
             return made
         found = volume(made or {})
         if found is None:
             raise ProviderError(f"RunPod's network volume create answered without the volume: {str(made)[:200]}")
         return found
-
-    def _look_for(self, name: str, patient: bool) -> Volume | None:
-        deadline = time.monotonic() + (self.lookup_seconds if patient else 0)
-        while True:
-            try:
-                found = self.find(name, with_pods=False)
-            except ProviderError:
-                found = None
-            if found is not None or time.monotonic() >= deadline:
-                return found
-            time.sleep(max(self.poll, 0.05))
 
     def list(self, with_pods: bool = True) -> list[Volume]:
         answer = self.api.call("GET", "/network-volumes")
