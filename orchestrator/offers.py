@@ -82,6 +82,9 @@ class Query:
     sort: str | None = None  # "hourly" or "job"; default: job when there is a job
     # Volumes the instance mounts: only offers where every one lives are ranked (``HasVolumes.offer_reaches``).
     volumes: tuple = ()
+    # A group of N machines (`--nodes N`): a provider whose groups are another product (RunPod's
+    # Instant Clusters) answers with those offers.
+    nodes: int = 1
 
 
 @dataclass
@@ -219,7 +222,8 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
         else:
             answer.skipped.append((name, f"no key: set {provider.missing_credentials()}"))
     ttl = float(config.get("offers_cache_seconds", DEFAULT_CACHE_SECONDS))
-    request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot")
+    request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot",
+                      nodes=query.nodes)
     offers: list[Offer] = []
     with ThreadPoolExecutor(max_workers=max(len(providers), 1)) as pool:
         futures = {name: pool.submit(_ask, orch.home, p, request, fresh, ttl) for name, p in providers.items()}
@@ -241,7 +245,7 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
     measured = measurements(orch.ledger, job) if job else []
     for offer in offers:
         row = _row(offer, query.disk_gb)
-        if offer.price_hr is None and offer.spot_hr is None and (offer.note or "").startswith("out of stock"):
+        if offer.price_hr is None and offer.spot_hr is None and offer.stock == "none" and offer.note:
             if _fits(row, query):
                 answer.out_of_stock.append((offer.provider, f"{row.gpu} x{offer.gpus}", offer.note))
             continue
@@ -288,6 +292,7 @@ def _cache_path(home: Path, provider, request: Request) -> Path:
     # Settings and keys enter only as a digest: the cache file holds no secret. The environment that
     # says how to reach the provider (its key, its API address) changes what it answers.
     ident = {"provider": provider.name, "gpus": request.gpus, "disk_gb": request.disk_gb, "spot": request.spot,
+             **({"nodes": request.nodes} if request.nodes > 1 else {}),
              "settings": _digest(provider.settings),
              "env": _digest({k: os.environ.get(k) for k in provider.env_keys})}
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", provider.name)

@@ -48,8 +48,13 @@ def test_a_gpu_type_without_clusters_is_refused_before_anything_is_asked(orch_ho
     proc = run_orch("run", "pair", "--provider", "runpod", "--gpu", "RTX 4090", "--nodes", "2", "--", "true",
                     env=env)
     assert proc.returncode != 0, proc.stderr
-    assert "RunPod offers no Instant Cluster of RTX 4090 x1 per node in any data center now" in proc.stderr
-    assert "those it offers: H100 SXM" in proc.stderr
+    assert "runpod: RTX 4090 x1 offered as an Instant Cluster in no data center now" in proc.stderr
+    up = run_orch("up", "pair", "--provider", "runpod", "--gpu", "RTX 4090", "--nodes", "2", env=env)
+    assert up.returncode == 2, up.stderr  # bad input: exit 2, one error line naming why, nothing made
+    assert up.stderr.strip().splitlines()[-1].startswith(
+        "orch: error: --nodes 2: RunPod offers no Instant Cluster of RTX 4090 x1 per node in any data center now")
+    assert not [i for i in open_orch().ledger.instances() if i.name.startswith("pair")]
+    assert "those it offers: H100 SXM" in up.stderr
     assert fake.sent("POST", "/v2/clusters") == [] and fake.sent("POST", "/v2/pods") == []
 
 
@@ -130,3 +135,14 @@ def test_a_lost_member_relaunches_the_whole_cluster_and_the_history_says_why(orc
     assert "RunPod cannot add a pod to an Instant Cluster" in history and "whole cluster is relaunched" in history
     assert len(fake.sent("POST", "/v2/clusters")) == 2 and fake.sent("POST", "/v2/pods") == []
     assert fake.live_clusters() == [] and fake.live() == []
+
+
+def test_offers_for_a_group_are_instant_cluster_offers(orch_home, runpod):
+    """`orch offers --nodes 2` on RunPod asks the catalog for clusters (product=CLUSTER): the H100 SXM
+    where clusters of it are offered, at its Secure Cloud price for both machines; no pod-only type."""
+    fake, env = runpod
+    data = json.loads(run_orch("offers", "--provider", "runpod", "--nodes", "2", "--json", env=env).stdout)
+    rows = [o for o in data["offers"] if o["provider"] == "runpod"]
+    assert [o["offer_id"] for o in rows] == ["NVIDIA H100 80GB HBM3"], rows
+    assert 2 * 2.99 < rows[0]["price_hr"] < 2 * 3.0 and "EU-RO-1" in rows[0]["location"]
+    assert any("product=CLUSTER" in q for q in fake.queries)

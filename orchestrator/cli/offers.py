@@ -105,7 +105,7 @@ def offers(
             say(f"disk: {why}")
     if not 1 <= disk <= 20_000:
         raise UsageError(f"--disk must be between 1 and 20000 GB, not {disk}")
-    query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price,
+    query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price, nodes=nodes,
                     providers=provider or None, sort=sort)
     o.check_query(query, job)
     orch = open_orch(lazy=True)  # the ledger opens only for a job's measured epoch times

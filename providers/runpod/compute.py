@@ -342,11 +342,14 @@ class RunPodProvider(Provider, Stoppable, SelfEnding, HasVolumes, RentsGroups):
         center, from the catalog (one request per cloud). A type out of stock everywhere in a cloud
         is an offer with no price (never ranked) whose ``note`` says so."""
         n = max(int(request.gpus), 1)
-        by_cloud = self.catalog(n)
+        if request.nodes > 1:  # a group is an Instant Cluster: its own product, on Secure Cloud
+            by_cloud = self.catalog(n, product="CLUSTER", clouds=("SECURE",))
+        else:
+            by_cloud = self.catalog(n)
         if request.gpu:
             t = resolve_gpu(request.gpu, [t for types in by_cloud.values() for t in types])
             by_cloud = {c: [x for x in types if x.get("id") == t["id"]] for c, types in by_cloud.items()}
-        return offers_from(by_cloud, n, self.name)
+        return offers_from(by_cloud, n, self.name, cluster=request.nodes > 1)
 
     def self_stop_command(self, provider_id: str, destroy: bool) -> str:
         """Run inside the pod, stops (or terminates) it with the pod's own key (``self_stop``)."""

@@ -98,7 +98,7 @@ def max_count(t: dict, cloud: str) -> int:
     return int((m.get(cloud.lower()) if isinstance(m, dict) else m) or 0)
 
 
-def offer_of(t: dict, cloud: str, gpus: int, provider: str = "runpod") -> Offer | None:
+def offer_of(t: dict, cloud: str, gpus: int, provider: str = "runpod", cluster: bool = False) -> Offer | None:
     """The offer of type ``t`` (a catalog row asked for ``cloud``) for ``gpus`` GPUs: priced at that
     cloud's rate, with the data centers that have it in stock. None when the cloud does not offer the
     type at that count or lists no price for it. Out of stock everywhere: an offer with no price and
@@ -113,16 +113,18 @@ def offer_of(t: dict, cloud: str, gpus: int, provider: str = "runpod") -> Offer 
         disk_gb_month=VOLUME_RUNNING_GB_MONTH, disk_gb_month_stopped=VOLUME_STOPPED_GB_MONTH,
         location=f"{cloud.lower()}: {', '.join(centers)}" if centers else None,
         stock=str(t.get("availability") or "NONE").lower() if centers else "none", disk_included=False,
-        note=None if centers else f"out of stock in every {cloud.lower()} data center",
-        raw={"cloud": cloud, "dataCenters": centers, "maxCount": t.get("maxCount")},
+        note=None if centers else ("offered as an Instant Cluster in no data center now" if cluster else
+                                   f"out of stock in every {cloud.lower()} data center"),
+        raw={"cloud": cloud, "dataCenters": centers, "maxCount": t.get("maxCount"),
+             **({"product": "CLUSTER"} if cluster else {})},
     )
 
 
-def offers_from(by_cloud: dict[str, list[dict]], gpus: int, provider: str = "runpod") -> list[Offer]:
+def offers_from(by_cloud: dict[str, list[dict]], gpus: int, provider: str = "runpod", cluster: bool = False) -> list[Offer]:
     """Every type's offer in each cloud (``by_cloud``: the catalog's answer per cloud), cheapest
     first. No spot prices: RunPod has no spot pods any more (``RunPodProvider.capabilities``)."""
     offers = [o for cloud in CLOUDS for t in by_cloud.get(cloud) or [] if isinstance(t, dict) and t.get("id")
-              for o in [offer_of(t, cloud, gpus, provider)] if o is not None]
+              for o in [offer_of(t, cloud, gpus, provider, cluster)] if o is not None]
     return sorted(offers, key=lambda o: (o.price_hr is None, o.price_hr or 0.0))
 
 
