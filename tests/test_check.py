@@ -29,7 +29,7 @@ def test_without_live_nothing_is_rented_and_spot_is_listed_as_missing(runpod):
     assert proc.returncode == 0 and report["ok"], proc.stderr
     assert [s["name"] for s in report["steps"]] == ["key", "offers", "ssh key"]
     assert report["cannot"] == ["spot"]
-    assert fake.inputs("deployCpuPod") == [] and fake.pods == {}
+    assert fake.sent("POST", "/v2/pods") == [] and fake.pods == {}
 
 
 def test_live_check_runs_the_whole_cycle_and_leaves_no_pod(runpod):

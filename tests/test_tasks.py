@@ -424,7 +424,7 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     hf = plans["hf-accelerate"].stdout
     assert "1x RTX 4090" in hf and "accelerate launch" in hf and " 1. runpod RTX 4090" in hf, hf
     # Flags win over the file: --gpu replaced its cpu: true... and nothing was rented by any of them.
-    assert fake.inputs("podFindAndDeployOnDemand") == [] and fake.live() == []
+    assert fake.sent("POST", "/v2/pods") == [] and fake.live() == []
     assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
     # On RunPod the 2-node task is refused in one line before anything is asked: pods share no network.
     proc = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "runpod", env=env, check=2)
