@@ -72,6 +72,9 @@ def test_ctrl_c_during_a_clusters_bring_up_leaves_nothing(orch_home, runpod):
         got = wait_for(made, 120, "the cluster made and both nodes provisioning", every=0.1)
         assert got is True, f"orch up ended ({proc.returncode}) first: {proc.communicate()[1][-3000:]}"
         assert len(fake.live_clusters()) == 1
+        member = next(p for p in fake.pods.values() if p.cluster)
+        # A member can neither stop nor delete itself (409): its watchdog gets no self-ending command.
+        assert open_orch().provider("runpod").self_stop_command(member.id, destroy=True) is None
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

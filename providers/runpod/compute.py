@@ -351,9 +351,15 @@ class RunPodProvider(Provider, Stoppable, SelfEnding, HasVolumes, RentsGroups):
             by_cloud = {c: [x for x in types if x.get("id") == t["id"]] for c, types in by_cloud.items()}
         return offers_from(by_cloud, n, self.name, cluster=request.nodes > 1)
 
-    def self_stop_command(self, provider_id: str, destroy: bool) -> str:
-        """Run inside the pod, stops (or terminates) it with the pod's own key (``self_stop``)."""
-        return self_stop_command(destroy)
+    def self_stop_command(self, provider_id: str, destroy: bool) -> str | None:
+        """Run inside the pod, stops (or terminates) it with the pod's own key (``self_stop``). None for
+        a cluster's member: it can neither stop nor delete itself (409), and its pod-scoped key reaches
+        no cluster route; orch's reaper ends the cluster instead."""
+        try:
+            member = bool(self.get(provider_id).raw.get("cluster"))
+        except ProviderError:
+            member = False
+        return None if member else self_stop_command(destroy)
 
     # -- HasVolumes: network volumes (``volumes``) -------------------------------------------
     def create_volume(self, name: str, size_gb: int, where: str | None) -> Volume:
