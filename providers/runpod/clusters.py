@@ -66,7 +66,10 @@ class Clusters:
     def placement(self, request: Request) -> tuple[str, list[str]]:
         """(GPU type id, data centers) of a cluster of ``request.gpus`` GPUs per pod, from the catalog
         (product=CLUSTER); a type that no data center offers clusters of is refused, nothing asked."""
-        wanted = request.quote.offer_id if request.quote is not None else (request.gpu or self.p.settings.get("gpu"))
+        quote = request.quote
+        if quote is not None and quote.raw.get("product") == "CLUSTER" and quote.raw.get("dataCenters"):
+            return quote.offer_id, list(quote.raw["dataCenters"])  # the plan's cluster offer, as it was listed
+        wanted = quote.offer_id if quote is not None else (request.gpu or self.p.settings.get("gpu"))
         if not wanted:
             raise UsageError("say which GPU to rent on RunPod (--gpu, e.g. 'H100 SXM')")
         types = self.p.catalog(max(int(request.gpus), 1), product="CLUSTER", clouds=("SECURE",))["SECURE"]
