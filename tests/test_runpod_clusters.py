@@ -132,6 +132,7 @@ def test_a_lost_member_relaunches_the_whole_cluster_and_the_history_says_why(orc
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert out.strip(), err[-3000:]
     job = json.loads(out)
     assert job["state"] == "completed", (job["history"][-5:], err[-2000:])
     history = " ".join(h["text"] for h in job["history"])
