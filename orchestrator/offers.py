@@ -83,6 +83,9 @@ class Query:
     sort: str | None = None  # "hourly" or "job"; default: job when there is a job
     # Volumes the instance mounts: only offers where every one lives are ranked (``HasVolumes.offer_reaches``).
     volumes: tuple = ()
+    # A group of N machines (`--nodes N`): a provider whose groups are another product (RunPod's
+    # Instant Clusters) answers with those offers.
+    nodes: int = 1
 
 
 @dataclass
@@ -165,6 +168,9 @@ class Answer:
     # Providers not asked, each with why (its key is missing: what to set; no offers here), so that
     # "no offer matches" never hides a provider that was never asked.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    # Offers that match and cannot be rented now, each with why (a provider's catalog shows them in
+    # stock nowhere: RunPod's): never ranked, and said, so that "no offer matches" is not a mystery.
+    out_of_stock: list[tuple[str, str, str]] = field(default_factory=list)  # (provider, "GPU xN", why)
 
     @property
     def partial(self) -> bool:
@@ -217,7 +223,8 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
         else:
             answer.skipped.append((name, f"no key: set {provider.missing_credentials()}"))
     ttl = float(config.get("offers_cache_seconds", DEFAULT_CACHE_SECONDS))
-    request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot")
+    request = Request(name="offers", gpus=query.gpus, disk_gb=query.disk_gb, spot=query.mode == "spot",
+                      nodes=query.nodes)
     offers: list[Offer] = []
     with ThreadPoolExecutor(max_workers=max(len(providers), 1)) as pool:
         futures = {name: pool.submit(_ask, orch.home, p, request, fresh, ttl) for name, p in providers.items()}
@@ -239,6 +246,10 @@ def search(orch, query: Query, job: Workload | None = None, fresh: bool = False)
     measured = measurements(orch.ledger, job) if job else []
     for offer in offers:
         row = _row(offer, query.disk_gb)
+        if offer.price_hr is None and offer.spot_hr is None and offer.stock == "none" and offer.note:
+            if _fits(row, query):
+                answer.out_of_stock.append((offer.provider, f"{row.gpu} x{offer.gpus}", offer.note))
+            continue
         if not _wanted(row, query) or not _reaches(providers.get(offer.provider), offer, query.volumes):
             continue
         if job:
@@ -282,6 +293,7 @@ def _cache_path(home: Path, provider, request: Request) -> Path:
     # Settings and keys enter only as a digest: the cache file holds no secret. The environment that
     # says how to reach the provider (its key, its API address) changes what it answers.
     ident = {"provider": provider.name, "gpus": request.gpus, "disk_gb": request.disk_gb, "spot": request.spot,
+             **({"nodes": request.nodes} if request.nodes > 1 else {}),
              "settings": _digest(provider.settings),
              "env": _digest({k: os.environ.get(k) for k in provider.env_keys})}
     safe = re.sub(r"[^A-Za-z0-9_-]", "_", provider.name)
@@ -321,12 +333,17 @@ def _row(offer: Offer, disk_gb: int) -> Row:
                disk_hr=disk_hr, stopped_hr=stopped)
 
 
-def _wanted(row: Row, q: Query) -> bool:
+def _fits(row: Row, q: Query) -> bool:
+    """The GPU asked for, whatever its price."""
     if row.offer.gpus != q.gpus:
         return False
     if q.gpu and not gpus.matches(q.gpu, row.offer.gpu_name):
         return False
-    if q.min_vram is not None and row.vram_gb < q.min_vram:
+    return q.min_vram is None or row.vram_gb >= q.min_vram
+
+
+def _wanted(row: Row, q: Query) -> bool:
+    if not _fits(row, q):
         return False
     if q.max_vram is not None and row.vram_gb > q.max_vram:
         return False

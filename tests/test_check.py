@@ -29,7 +29,7 @@ def test_without_live_nothing_is_rented_and_spot_is_listed_as_missing(runpod):
     assert proc.returncode == 0 and report["ok"], proc.stderr
     assert [s["name"] for s in report["steps"]] == ["key", "offers", "ssh key"]
     assert report["cannot"] == ["spot"]
-    assert fake.inputs("deployCpuPod") == [] and fake.pods == {}
+    assert fake.sent("POST", "/v2/pods") == [] and fake.pods == {}
 
 
 def test_live_check_runs_the_whole_cycle_and_leaves_no_pod(runpod):
@@ -41,7 +41,7 @@ def test_live_check_runs_the_whole_cycle_and_leaves_no_pod(runpod):
     assert "outlived its SSH session" in steps["detach"]["detail"]
     assert "confirmed gone" in steps["down"]["detail"]
     [pod] = fake.pods.values()  # one CPU pod, the cheapest thing with SSH
-    assert fake.inputs("deployCpuPod") and fake.inputs("podStop") and fake.inputs("podResume")
+    assert fake.sent("POST", "/v2/pods")[0]["cpu"] and fake.actions("stop") and fake.actions("start")
     assert pod.host.boots == 2  # started again: new host keys, which orch accepted (the start held)
     assert fake.live() == []
     inst = open_orch().ledger.by_name(report["instance"], live_only=False)

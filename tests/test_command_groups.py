@@ -136,7 +136,7 @@ def test_the_dry_run_shows_the_groups_plan_and_bad_group_input_is_refused_before
     plan = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "local", "--cpu",
                     "--dry-run", check=0).stdout
     assert "2 node(s)" in plan and "rented together" in plan and "ORCH_MASTER_PORT" in plan, plan
-    refused = run_orch("run", "x", "--nodes", "2", "--provider", "runpod", "--", "true", check=2).stderr
-    assert "Instant Clusters" in refused and "planned separately" in refused and refused.count("\n") == 1
+    refused = run_orch("run", "x", "--nodes", "2", "--provider", "vastai", "--", "true", check=2).stderr
+    assert "no private network" in refused and "planned separately" in refused and refused.count("\n") == 1
     assert run_orch("run", "x", "--nodes", "65", "--cpu", "--", "true", check=2).stderr.count("\n") == 1
     assert not (orch_home / "ledger.db").exists() or open_orch().ledger.instances() == []

@@ -21,7 +21,6 @@ def _leftovers(home):
 @pytest.mark.parametrize("args, says", [
     (["--nodes", "0", "--cpu"], "--nodes must be between 1 and 64, not 0"),
     (["--nodes", "1000", "--cpu"], "--nodes must be between 1 and 64, not 1000"),
-    (["--nodes", "2", "--provider", "runpod", "--cpu"], "runpod cannot rent a group"),
     (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group"),
     (["--nodes", "3", "--cpu", "--data", "DS", "--batch", "4"], "--batch 4 does not divide by the world size 3"),
     (["--nodes", "2", "--gpus", "2", "--provider", "local", "--data", "DS"], "give --batch"),
@@ -50,12 +49,12 @@ def test_a_group_jobs_name_must_leave_room_for_its_nodes(orch_home, tmp_path):
     assert p.returncode == 2 and "at most 33 characters" in p.stderr and not orch_home.exists(), p.stderr
 
 
-def test_runpod_and_vastai_refuse_a_group_before_any_api_call(orch_home, monkeypatch):
-    """Their APIs point at a port where nothing listens (conftest): a refusal that asked them first
-    would say so; it names what the provider lacks instead."""
-    monkeypatch.setenv("RUNPOD_API_KEY", "k")
+def test_vastai_refuses_a_group_before_any_api_call(orch_home, monkeypatch):
+    """Its API points at a port where nothing listens (conftest): a refusal that asked it first
+    would say so; it names what the provider lacks instead. (RunPod rents groups as Instant Clusters:
+    tests/test_runpod_clusters.py.)"""
     monkeypatch.setenv("VAST_API_KEY", "k")
-    for provider in ("runpod", "vastai"):
+    for provider in ("vastai",):
         p = run_orch("up", "g", "--nodes", "2", "--provider", provider, "--gpu", "RTX 4090")
         assert p.returncode == 2 and "no private network" in p.stderr, p.stderr
     assert not orch_home.exists()
@@ -241,7 +240,9 @@ def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # 
         assert b.job_usd(False) == pytest.approx(a.job_usd(False) * 2 / 1.7)
         assert "2 nodes at 70% scaling per added node (assumed" in b.estimate.detail
     shown = run_orch("offers", "--nodes", "2", "--scaling", "0.7", "--gpu", "RTX 4090")
-    assert "left out: runpod, vastai (cannot rent a group" in shown.stderr, shown.stderr
+    assert "left out: vastai (cannot rent a group" in shown.stderr, shown.stderr
+    # RunPod answers for a group with its Instant Clusters, which it offers of no RTX 4090.
+    assert "runpod: RTX 4090 x1 offered as an Instant Cluster in no data center now" in shown.stderr, shown.stderr
     assert "70%" in shown.stdout and "no offer matches" in shown.stdout
     for bad in (["--nodes", "0"], ["--nodes", "2", "--scaling", "0"], ["--scaling", "0.5"]):
         assert run_orch("offers", *bad).returncode == 2

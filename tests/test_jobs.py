@@ -375,5 +375,5 @@ def test_a_plan_over_max_cost_is_refused_before_anything_is_rented(orch_home, ds
     proc = run_orch("run", "jm", "--provider", "runpod", "--gpu", "RTX 4090", "--data", ds, "--epochs", "100",
                     "--max-cost", "0.0001", env=env, check=2)
     assert "over --max-cost" in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("orch: error:")
-    assert fake.inputs("podFindAndDeployOnDemand") == [] and fake.live() == []
+    assert fake.sent("POST", "/v2/pods") == [] and fake.live() == []
     assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []

@@ -91,14 +91,16 @@ def test_offers_are_normalised_across_providers(fakes):
     assert {(r.offer.provider, r.gpu, r.vram_gb) for r in h100} == {("runpod", "H100 SXM", 80.0),
                                                                      ("vastai", "H100 SXM", 80.0)}
     assert {r.gpu for r in search(gpu="A100", gpus=2).rows} == {"A100 PCIe", "A100 SXM"}  # a family
-    # RunPod's A100 SXM has stockStatus null: out of stock, left out (as gpuhunt does).
-    assert [r.vram_gb for r in search(min_vram=48).rows if r.offer.provider == "runpod"] == [48, 80, 80]
+    # RunPod's A100 SXM is in stock nowhere (its catalog shows no data center): left out. The others, one
+    # offer per cloud that has them in stock (the A100 PCIe on Community Cloud only).
+    assert [r.vram_gb for r in search(min_vram=48).rows if r.offer.provider == "runpod"] == [48, 48, 80, 80, 80]
 
 
 def test_spot_and_on_demand_prices_include_the_disk(fakes):
     disk = 50
     rows = {(r.offer.provider, r.gpu): r for r in search(gpu="4090", gpus=2, disk_gb=disk).rows}
-    rp = rows["runpod", "RTX 4090"]
+    rp = min((r for r in search(gpu="4090", gpus=2, disk_gb=disk).rows if r.offer.provider == "runpod"),
+             key=lambda r: r.price_hr)  # the cheaper cloud
     # RunPod quotes per GPU and without the volume: orch adds it, running rate 0.10 $/GB-month.
     rp_disk = disk * 0.10 / HOURS_PER_MONTH
     assert rp.price_hr == pytest.approx(2 * 0.34 + rp_disk)
@@ -162,7 +164,7 @@ def test_second_call_is_answered_from_the_cache(fakes):
     runpod, vast = fakes
     first, _ = orch_json()
     asked = (len(runpod.queries), len(vast.calls("POST", r"/bundles/$")))
-    assert asked == (1, 1)
+    assert asked == (2, 1)  # RunPod's catalog: one request per cloud
     again, proc = orch_json()
     assert (len(runpod.queries), len(vast.calls("POST", r"/bundles/$"))) == asked  # no request at all
     assert again["offers"] == first["offers"] and "cached answers" in proc.stderr
@@ -170,7 +172,7 @@ def test_second_call_is_answered_from_the_cache(fakes):
     assert (len(runpod.queries), len(vast.calls("POST", r"/bundles/$"))) == asked
     search(disk_gb=80)  # another disk is another price: asked
     offers.search(_open(), offers.Query(), fresh=True)
-    assert (len(runpod.queries), len(vast.calls("POST", r"/bundles/$"))) == (3, 3)
+    assert (len(runpod.queries), len(vast.calls("POST", r"/bundles/$"))) == (6, 3)
 
 
 def test_cache_expires(fakes, orch_home):
@@ -178,10 +180,10 @@ def test_cache_expires(fakes, orch_home):
     write_config(orch_home, runpod, vast, top="offers_cache_seconds = 1")
     search(providers=["runpod"])
     search(providers=["runpod"])
-    assert len(runpod.queries) == 1
+    assert len(runpod.queries) == 2  # one catalog request per cloud
     time.sleep(1.1)  # clock: offers_cache_seconds = 1 must pass for the cached answer to expire
     search(providers=["runpod"])
-    assert len(runpod.queries) == 2
+    assert len(runpod.queries) == 4
 
 
 def test_providers_are_asked_at_the_same_time(tmp_path, orch_home, monkeypatch):
@@ -284,8 +286,8 @@ def test_cheapest_launches_the_offer_it_showed(fakes, orch_home, ledger, provide
     assert inst.state == "destroyed" and inst.provider == provider
     assert inst.gpu == top["gpu_name"] and gpus.canonical(inst.gpu_name) == top["gpu"]
     if provider == "runpod":
-        [sent] = runpod.inputs("podFindAndDeployOnDemand")
-        assert sent["gpuTypeId"] == top["offer_id"] and runpod.live() == []
+        [sent] = runpod.sent("POST", "/v2/pods")
+        assert sent["gpu"]["id"] == top["offer_id"] and runpod.live() == []
     else:
         [create] = vast.calls("PUT", r"^/api/v0/asks/\d+/$")
         assert create.path == f"/api/v0/asks/{top['offer_id']}/" and create.body["price"] is None

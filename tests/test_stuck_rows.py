@@ -76,7 +76,7 @@ def test_a_create_that_cannot_be_checked_leaves_nothing_stuck_after_a_pass(orch_
     # bad4 was settled by the same pass's reconcile; a row left so any other way is settled by `orch reconcile`.
     assert rows(env, all_=True)["bad4"]["state"] == states.FAILED
     assert "never created at runpod" in events("bad4")[1][-1].reason
-    assert fake.live() == [] and fake.inputs("podFindAndDeployOnDemand") == []
+    assert fake.live() == [] and fake.sent("POST", "/v2/pods") == []
 
 
 def test_a_create_refused_for_its_key_is_failed_at_once(orch_home, runpod):

@@ -24,13 +24,13 @@ def test_one_launch_lists_runpods_offers_once_and_rents_the_offer_it_planned(orc
     proc = run_orch("run", "h1", "--provider", "runpod", "--gpu", "RTX 4090", "--wait", "--", "true", env=env,
                     check=0)
     assert proc.returncode == 0, proc.stderr
-    listings = [q for q in _before(fake.queries, "podFindAndDeployOnDemand") if "gpuTypes" in q]
-    assert len(listings) == 1, listings
+    listings = [q for q in _before(fake.queries, "POST /v2/pods") if q.startswith("GET /v2/catalog/gpus")]
+    assert sorted(q.rsplit("cloud=", 1)[1] for q in listings) == ["COMMUNITY", "SECURE"], listings  # one listing
     job = json.loads(run_orch("jobs", "show", "h1", "--json", env=env).stdout)
     assert job["state"] == "completed", job
     planned, rented = job["plan"]["offer"], job["attempts"][0]["offer_key"]
     assert planned == rented and planned.startswith("runpod/"), (planned, rented)
-    assert fake.inputs("podFindAndDeployOnDemand")[0]["gpuTypeId"] == planned.split("/", 1)[1]
+    assert fake.sent("POST", "/v2/pods")[0]["gpu"]["id"] == planned.split("/", 1)[1]
     text = run_orch("jobs", "show", "h1", env=env).stdout
     assert f"offer {planned} (the plan's)" in text, text
     assert fake.live() == []
@@ -41,8 +41,8 @@ def test_a_dry_run_lists_the_offers_once_and_rents_nothing(orch_home, runpod):
     fake.queries.clear()
     proc = run_orch("run", "h2", "--provider", "runpod", "--gpu", "RTX 4090", "--dry-run", "--", "true", env=env)
     assert "offers (on-demand, per hour)" in proc.stdout and "nothing rented" in proc.stdout, proc.stdout
-    assert len([q for q in fake.queries if "gpuTypes" in q]) == 1, fake.queries
-    assert fake.inputs("podFindAndDeployOnDemand") == [] and open_orch().ledger.jobs() == []
+    assert len([q for q in fake.queries if q.startswith("GET /v2/catalog/gpus")]) == 2, fake.queries  # one per cloud
+    assert fake.sent("POST", "/v2/pods") == [] and open_orch().ledger.jobs() == []
 
 
 def test_one_launch_searches_vasts_offers_once(orch_home, vast):

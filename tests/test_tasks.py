@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clouds import local_billing, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
+from tests.clouds import local_billing, open_orch, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import ROOT, on_instance, run_orch, skip_without
 
 EXAMPLES = ROOT / "examples"
@@ -584,12 +584,15 @@ def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, ru
     hf = plans["hf-accelerate"].stdout
     assert "1x RTX 4090" in hf and "accelerate launch" in hf and " 1. runpod RTX 4090" in hf, hf
     # Flags win over the file: --gpu replaced its cpu: true... and nothing was rented by any of them.
-    assert fake.inputs("podFindAndDeployOnDemand") == [] and fake.live() == []
+    assert fake.sent("POST", "/v2/pods") == [] and fake.live() == []
     assert open_orch().ledger.jobs() == [] and open_orch().ledger.instances() == []
-    # On RunPod the 2-node task is refused in one line before anything is asked: pods share no network.
-    proc = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "runpod", env=env, check=2)
-    assert "cannot rent a group" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert fake.live() == []
+    # On RunPod the 2-node task (`nodes: 2`) is one Instant Cluster of two pods, never single pods.
+    proc = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "runpod", env=env, check=0)
+    assert proc.returncode == 0, proc.stderr
+    [sent] = fake.sent("POST", "/v2/clusters")
+    assert sent["compute"]["podCount"] == 2 and fake.sent("POST", "/v2/pods") == []
+    run_orch("jobs", "cancel", "ddp", env=env, check=0)
+    wait_for(lambda: fake.live_clusters() == [] and fake.live() == [], 120, "the cluster deleted")
 
 
 @pytest.mark.long

@@ -105,7 +105,7 @@ def offers(
             say(f"disk: {why}")
     if not 1 <= disk <= 20_000:
         raise UsageError(f"--disk must be between 1 and 20000 GB, not {disk}")
-    query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price,
+    query = o.Query(gpu=gpu, gpus=gpus, min_vram=min_vram, mode=mode, disk_gb=disk, max_price=max_price, nodes=nodes,
                     providers=provider or None, sort=sort)
     o.check_query(query, job)
     orch = open_orch(lazy=True)  # the ledger opens only for a job's measured epoch times
@@ -122,6 +122,9 @@ def offers(
         print(f"orch: {name}: {error}", file=sys.stderr)
     for name, why in answer.skipped:
         say(f"skipped {name}: {why}")
+    if gpu:  # the GPU asked for, where a provider has it in stock nowhere right now
+        for name, what, why in dict.fromkeys(answer.out_of_stock):
+            say(f"{name}: {what} {why}")
     if answer.cached:
         ages = ", ".join(f"{n} {age:.0f} s old" for n, age in sorted(answer.cached.items()))
         say(f"cached answers: {ages} (--fresh asks again)")
@@ -133,6 +136,7 @@ def offers(
                     "offers": [r.to_dict() for r in answer.rows],
                     "errors": [{"provider": n, "error": e} for n, e in answer.errors],
                     "skipped": [{"provider": n, "why": w} for n, w in answer.skipped],
+                    "out_of_stock": [{"provider": n, "gpu": g, "why": w} for n, g, w in answer.out_of_stock],
                     "partial": answer.partial,
                     "throughput_source": gpu_table.THROUGHPUT_SOURCE if answer.used_table else None})
     else:

@@ -473,6 +473,9 @@ def _replace(orch, job, js: JobSpec, attempt, head, node):
         return whole("no single node was lost (the run itself ended)")
     if not _config("replace_lost_node", True):
         return whole("replace_lost_node = false in config.toml")
+    cannot = getattr(orch.provider(attempt.provider), "no_lone_replacement", None)
+    if cannot:  # the provider makes a group whole or not at all (RunPod's Instant Clusters)
+        return whole(cannot)
     attempts = orch.ledger.attempts(job.id)
     if _relaunches(attempts) >= job.retries or caps.over_cap(orch, job):
         return None  # relaunch says why it stops

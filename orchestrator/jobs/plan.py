@@ -51,7 +51,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     work = kind.workload(js)  # None: ranked per hour
     query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,
                          max_price=js.max_price, volumes=volume_mounts.volumes_of(req), min_vram=js.min_vram,
-                         max_vram=js.max_vram)
+                         max_vram=js.max_vram, nodes=js.nodes)
     answer = offers.search(orch, query, work, fresh=True)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
@@ -65,6 +65,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         raise NoCapacity(f"no {mode} offer for {req.gpus}x {req.gpu or 'any GPU'} from "
                          f"{', '.join(answer.asked) or 'any provider'}"
                          + (f" {placed}" if placed else "")
+                         + "".join(dict.fromkeys(f"; {n}: {g} {w}" for n, g, w in answer.out_of_stock))
                          + (" (besides those that failed for this job)" if answer.rows else "")
                          + (f"; not asked: {', '.join(n for n, _ in answer.skipped)} (`orch check` says what each "
                             "needs)" if answer.skipped else ""))

@@ -47,6 +47,10 @@ class RentsGroups(ABC):
     ``Remote.private_ip`` is where the others reach it; ``Request.group``, ``node_rank`` and
     ``nodes`` tell ``create`` which node it makes."""
 
+    # Why a lost node cannot be rented alone in its place, its siblings kept, where the provider makes
+    # a group whole or not at all (RunPod: no pod can be added to an Instant Cluster); None: it can.
+    no_lone_replacement: ClassVar[str | None] = None
+
     @abstractmethod
     def open_group(self, group: str, request: Request) -> None:
         """Before a group's first node is created: what its nodes share at this provider (a rule

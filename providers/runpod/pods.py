@@ -1,110 +1,113 @@
-"""A pod: the fields orch reads of it, what it is in orch's words, and the mutations that make,
-stop, resume and end one."""
+"""A pod in RunPod's REST API v2: the create body orch sends, what a pod is in orch's words, and
+why one never starts (RunPod API v2 reference, "Create a pod", "Get a pod", the Pod schema)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from orchestrator.errors import UsageError
 from orchestrator.provider import Endpoint, Remote, Request, Status, stopped_rate
-from providers.runpod.api import GraphQLEnum, literal
 from providers.runpod.offers import VOLUME_STOPPED_GB_MONTH
 
 DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
 DEFAULT_CPU_INSTANCE = "cpu3c-2-4"  # 2 vCPU, 4 GB: the smallest compute-optimised flavour
 VOLUME_PATH = "/workspace"
+MIN_PERSISTENT_GB = 10  # PersistentMount.size: "Upstream enforces a 10 GB floor" (v2 OpenAPI)
 NOT_STARTED = "running, its container not started yet"
-
-# The pod fields orch reads. ``env`` is left out on purpose: it holds the user's secrets, and a
-# Remote's ``raw`` may be written to the ledger.
-POD_FIELDS = (
-    "id name desiredStatus podType costPerHr gpuCount vcpuCount memoryInGb containerDiskInGb "
-    "volumeInGb volumeMountPath imageName ports uptimeSeconds machineId lastStatusChange "
-    "runtime { ports { ip isIpPublic privatePort publicPort type } } machine { gpuDisplayName }"
-)
-LISTING = f"query {{ myself {{ pods {{ {POD_FIELDS} }} }} }}"
+STARTING = "starting, its container not started yet"
+# The pod fields orch keeps of an answer: ``env`` is left out on purpose (v2 returns it, and it holds
+# the user's secrets; a Remote's ``raw`` may be written to the ledger).
+SECRET_FIELDS = ("env",)
+_CPU_FLAVOUR = re.compile(r"(cpu\d[a-z])(?:-(\d+)(?:-\d+)?)?")
 
 
-def lookup(provider_id: str) -> str:
-    return f"query {{ pod(input: {{podId: {literal(provider_id)}}}) {{ {POD_FIELDS} }} }}"
+def cpu_config(setting: str) -> dict:
+    """v2's ``cpu {id, vcpuCount}`` from the ``cpu_instance`` setting: a flavour (``cpu3c``) with its
+    vCPUs, in GraphQL days' spelling (``cpu3c-2-4``: the memory is now derived by RunPod from the
+    flavour, CreatePodRequest). vcpuCount is at least 2 and a power of two (BaseCpuConfig)."""
+    m = _CPU_FLAVOUR.fullmatch(setting.strip())
+    vcpus = int(m[2] or 2) if m else 0
+    if not m or vcpus < 2 or vcpus & (vcpus - 1):
+        raise UsageError(f"[providers.runpod] cpu_instance must be a CPU flavour and its vCPUs such as "
+                         f"\"cpu3c-2\" (vCPUs a power of two, at least 2), not {setting!r}")
+    return {"id": m[1], "vcpuCount": vcpus}
 
 
-def stop(provider_id: str) -> str:
-    return f"mutation {{ podStop(input: {{podId: {literal(provider_id)}}}) {{ id desiredStatus }} }}"
-
-
-def resume(provider_id: str, gpus: int) -> str:
-    return (f"mutation {{ podResume(input: {{podId: {literal(provider_id)}, gpuCount: {gpus}}}) "
-            f"{{ id desiredStatus }} }}")
-
-
-def terminate(provider_id: str) -> str:
-    return f"mutation {{ podTerminate(input: {{podId: {literal(provider_id)}}}) }}"
-
-
-def deploy(request: Request, label: str, public_key: str, *, image: str, container_gb: int,
-           gpu_type: str | None = None, cloud_type: str = "ALL", cpu_instance: str = DEFAULT_CPU_INSTANCE,
-           cuda: list[str] | None = None, attach: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(the create mutation, its field): a CPU pod (``request.cpu``) or a pod of ``gpu_type``;
-    ``attach`` is a network volume's fields (``volumes.deploy_fields``), which replaces the volume disk."""
-    env = {"PUBLIC_KEY": public_key.strip(), **request.env}
-    fields: dict[str, Any] = {
+def body(request: Request, label: str, public_key: str, *, image: str, container_gb: int,
+         gpu_type: str | None = None, cloud: str = "SECURE", centers: list[str] | None = None,
+         cpu_instance: str = DEFAULT_CPU_INSTANCE, cuda: list[str] | None = None,
+         network: dict | None = None) -> dict[str, Any]:
+    """``POST /v2/pods``'s body: a CPU pod (``request.cpu``) or a pod of ``gpu_type`` in ``cloud``,
+    placed only in ``centers`` (``dataCenterIds`` is enforced: "Preferred data centers for placement"
+    that the scheduler keeps to). ``network`` is a network volume's mount (``volumes.network_mount``),
+    which replaces the volume disk. SSH: ``22/tcp`` published (``ssh.direct`` needs it) and
+    ``startSsh``; our own ``PUBLIC_KEY`` in ``env`` wins over the account's keys ("unless the request
+    already sets one")."""
+    out: dict[str, Any] = {
         "name": label,
-        "imageName": image,
-        "ports": "22/tcp",
+        "image": image,
+        "env": {"PUBLIC_KEY": public_key.strip(), **{k: str(v) for k, v in request.env.items()}},
+        "ports": ["22/tcp"],
         "startSsh": True,
-        "env": [{"key": k, "value": str(v)} for k, v in env.items()],
+        "disk": max(int(container_gb), 1),
     }
     if request.cpu:
         # CPU pods have no volume disk: "CPU pods support container disk and network volumes only;
-        # ``mounts.persistent`` is invalid when ``cpu`` is set" (REST API v2 OpenAPI, CreatePodRequest;
-        # PersistentMount: "Disallowed on CPU pods"), and ``deployCpuPodInput`` has no ``volumeInGb``.
-        # The container disk holds everything, and a stop clears it.
-        fields.update(instanceId=cpu_instance, cloudType=GraphQLEnum("SECURE"),
-                      containerDiskInGb=max(container_gb, int(request.disk_gb)))
-        mutation = "deployCpuPod"
+        # ``mounts.persistent`` is invalid when ``cpu`` is set" (CreatePodRequest). The container disk
+        # holds everything, and a stop clears it.
+        out.update(cpu=cpu_config(cpu_instance), cloud="SECURE", disk=max(int(container_gb), int(request.disk_gb)))
     else:
-        fields.update(gpuTypeId=gpu_type, gpuCount=int(request.gpus), cloudType=GraphQLEnum(cloud_type.upper()),
-                      supportPublicIp=True, volumeInGb=int(request.disk_gb),
-                      volumeMountPath=VOLUME_PATH, containerDiskInGb=container_gb)
+        gpu: dict[str, Any] = {"id": gpu_type, "count": int(request.gpus)}
         if cuda:
-            fields["allowedCudaVersions"] = cuda
-        mutation = "podFindAndDeployOnDemand"
-    if attach:
-        fields.pop("volumeInGb", None)
-        fields.update(attach)
-    return (f"mutation {{ {mutation}(input: {literal(fields)}) {{ id name desiredStatus "
-            f"imageName machineId costPerHr gpuCount volumeInGb }} }}", mutation)
+            gpu["allowedCudaVersions"] = cuda
+        out.update(gpu=gpu, cloud=cloud)
+        out["mounts"] = {"persistent": {"size": max(int(request.disk_gb), MIN_PERSISTENT_GB), "path": VOLUME_PATH}}
+    if network:
+        out["mounts"] = {"network": [network]}
+    if centers:
+        out["dataCenterIds"] = list(centers)
+    return out
+
+
+def kept(pod: dict) -> dict:
+    """A pod's answer without what must never reach the ledger."""
+    return {k: v for k, v in pod.items() if k not in SECRET_FIELDS}
 
 
 def remote(pod: dict, user: str) -> Remote:
-    """A pod as orch sees it. RUNNING with ``runtime`` null is a container not started (yet, or
-    ever: ``RunPodProvider.never_answers``), so pending, and its detail says so."""
-    desired, runtime = pod.get("desiredStatus"), pod.get("runtime")
-    status = {"RUNNING": Status.RUNNING if runtime else Status.PENDING, "EXITED": Status.STOPPED,
-              "TERMINATED": Status.GONE}.get(desired, Status.PENDING)
+    """A pod as orch sees it. PROVISIONING and STARTING are pending; RUNNING without ``ssh.direct``
+    (its ``22/tcp`` not published yet) is a container not started yet, so pending too, and its detail
+    says so; EXITED is stopped; ERROR ("an unrecoverable error state") is broken; TERMINATED gone."""
+    status_word = str(pod.get("status") or "")
+    direct = (pod.get("ssh") or {}).get("direct") if isinstance(pod.get("ssh"), dict) else None
+    status = {"RUNNING": Status.RUNNING if direct else Status.PENDING, "EXITED": Status.STOPPED,
+              "ERROR": Status.BROKEN, "TERMINATED": Status.GONE}.get(status_word, Status.PENDING)
     endpoint = None
-    if status == Status.RUNNING:
-        for port in (runtime or {}).get("ports") or []:
-            # The SDK's own helper forgets isIpPublic: the private entry is unreachable.
-            if port.get("privatePort") == 22 and port.get("isIpPublic") and port.get("ip"):
-                endpoint = Endpoint(port["ip"], int(port["publicPort"]), user)
-                break
+    if status == Status.RUNNING and direct.get("host") and direct.get("port"):
+        # ``ssh.direct.username`` is the image's login (root on RunPod's); orch logs in as its own.
+        endpoint = Endpoint(str(direct["host"]), int(direct["port"]), user)
+    gpu = pod.get("gpu") if isinstance(pod.get("gpu"), dict) else {}
+    persistent = ((pod.get("mounts") or {}).get("persistent") or {}) if isinstance(pod.get("mounts"), dict) else {}
+    cluster = pod.get("cluster") if isinstance(pod.get("cluster"), dict) else {}
     return Remote(
-        provider_id=pod["id"], label=pod.get("name") or "", status=status, endpoint=endpoint,
-        price_hr=pod.get("costPerHr"),
-        stopped_price_hr=stopped_rate(pod.get("volumeInGb") or 0, VOLUME_STOPPED_GB_MONTH),
-        gpu_name=(pod.get("machine") or {}).get("gpuDisplayName"), gpus=pod.get("gpuCount") or 0,
-        detail=NOT_STARTED if desired == "RUNNING" and not runtime else str(desired or "").lower(), raw=pod,
+        provider_id=str(pod["id"]), label=str(pod.get("name") or ""), status=status, endpoint=endpoint,
+        price_hr=pod.get("cost") if status != Status.STOPPED else None,
+        stopped_price_hr=stopped_rate(int(persistent.get("size") or 0), VOLUME_STOPPED_GB_MONTH),
+        gpu_name=gpu.get("name") or gpu.get("id"), gpus=int(gpu.get("count") or 0),
+        detail=(NOT_STARTED if status_word == "RUNNING" and not direct else STARTING if status_word == "STARTING"
+                else status_word.lower()),
+        private_ip=cluster.get("ip") or None, raw=kept(pod),
     )
 
 
 def never_started(remote: Remote, waited: float, limit: float) -> str | None:
-    """Why a pod will never answer SSH: RunPod has shown it RUNNING for ``limit`` seconds of the
-    wait and its container has not started (``runtime`` still null); None: keep waiting."""
-    if remote.status != Status.PENDING or remote.raw.get("desiredStatus") != "RUNNING" or waited < limit:
+    """Why a pod will never answer SSH: RunPod has shown it STARTING (or RUNNING without its SSH
+    published) for ``limit`` seconds of the wait; None: keep waiting."""
+    if remote.status != Status.PENDING or remote.raw.get("status") not in ("STARTING", "RUNNING") or waited < limit:
         return None
     return (f"RunPod pod {remote.provider_id} has not started its container within {_span(limit)} "
-            f"(runtime still null): its host may have a driver older than the image's CUDA "
+            f"(still {str(remote.raw.get('status')).lower()}, no SSH published): its host may have a driver older than the image's CUDA "
             f"(\"OCI runtime create failed\"); set [providers.runpod] min_cuda, or raise "
             f"container_start_minutes for a large image")
 
@@ -115,8 +118,8 @@ def _span(seconds: float) -> str:
 
 def resume_refused(remote: Remote, why: Exception) -> str:
     """Why a stopped pod did not get its GPUs (or CPUs) back, and what is kept meanwhile."""
-    gpus = int(remote.raw.get("gpuCount") or 0)
-    disk = remote.raw.get("volumeInGb") or 0
+    gpus = remote.gpus
+    disk = ((remote.raw.get("mounts") or {}).get("persistent") or {}).get("size") or 0
     kept = (f"Its volume disk ({disk} GB at {VOLUME_PATH}) is safe and kept "
             f"(${remote.stopped_price_hr or 0:.4f}/h while stopped)." if disk else
             "It has no volume disk (a CPU pod): it bills nothing while stopped.")

@@ -14,9 +14,11 @@ import shlex
 def self_stop_command(destroy: bool) -> str:
     """A shell snippet that, run inside the pod, stops (or terminates) the pod itself. The key is
     read from the environment inside Python, never put on a command line."""
-    mutation = "podTerminate(input: {podId: %s})" if destroy else "podStop(input: {podId: %s}) { id }"
+    # REST v2 (RunPod API v2 reference, "Terminate a pod", "Trigger a pod state transition"):
+    # ``DELETE /v2/pods/{id}`` ends it, ``POST /v2/pods/{id}/action {"action": "stop"}`` stops it.
+    method, suffix, body = ("DELETE", "", "None") if destroy else ("POST", "/action", 'json.dumps({"action": "stop"}).encode()')
     script = (
-        'import json, os, sys, urllib.request\n'
+        'import json, os, sys, urllib.error, urllib.parse, urllib.request\n'
         'def env(k):\n'
         '    if os.environ.get(k):\n'
         '        return os.environ[k]\n'
@@ -28,12 +30,13 @@ def self_stop_command(destroy: bool) -> str:
         'pod, key = env("RUNPOD_POD_ID"), env("RUNPOD_API_KEY")\n'
         'if not pod or not key:\n'
         '    sys.exit("RUNPOD_POD_ID or RUNPOD_API_KEY missing: cannot stop this pod")\n'
-        f'query = "mutation {{ {mutation} }}" % json.dumps(pod)\n'
         'base = env("RUNPOD_API_BASE_URL") or "https://api.runpod.io"\n'
-        'req = urllib.request.Request(base + "/graphql", data=json.dumps({"query": query}).encode(),\n'
+        'url = base.rstrip("/") + "/v2/pods/" + urllib.parse.quote(pod, safe="") + %r\n'
+        'req = urllib.request.Request(url, data=%s, method=%r,\n'
         '    headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})\n'
-        'body = json.load(urllib.request.urlopen(req, timeout=30))\n'
-        'if body.get("errors"):\n'
-        '    sys.exit("RunPod refused: " + body["errors"][0].get("message", ""))\n'
-    )
+        'try:\n'
+        '    urllib.request.urlopen(req, timeout=30).read()\n'
+        'except urllib.error.HTTPError as e:\n'
+        '    sys.exit("RunPod refused: HTTP %%d %%s" %% (e.code, e.read()[:300].decode(errors="replace")))\n'
+    ) % (suffix, body, method)
     return f"python3 -c {shlex.quote(script)}"

@@ -1,11 +1,29 @@
-"""A fake RunPod GraphQL API on 127.0.0.1 whose pods are real sshd hosts.
+"""A fake RunPod on 127.0.0.1: REST API v2 and GraphQL on one account state, whose pods are real sshd hosts.
 
-Faithful to the runpod SDK (1.11, ``runpod/api/graphql.py``, read after pip install) and RunPod's
-GraphQL docs (docs.runpod.io, "GraphQL API") where tests can tell: POST /graphql with
-``{"query": ...}`` and no variables, Bearer keys (401 on a bad one; a pod's own key works only on
-that pod), errors in ``errors`` (HTTP 200 for refusals, 500 for "Something went wrong", 400 for
-queries that do not parse or ask for fields that do not exist), 429 with an HTML body, ``runtime``
-null until the "container" is up and then a private port-22 entry listed before the public one.
+**REST API v2** (``/v2/...``), as RunPod's published description has it (api-reference-v2/openapi.json
+in github.com/runpod/docs, vendored beside this file as ``runpod_openapi_v2.json`` with its address
+and date): every request body is checked against its schema, and a field the schema does not define
+is **422** "Request validation failed." naming it (``$: additional properties 'x' not allowed``), as v2
+answers; errors are RFC 9457 problems ``{title, status, detail, errors?}``; lists are wrapped
+(``{"pods": [...]}``); 429 carries ``Retry-After`` when the knob sets one. Routes: pods (create, get,
+list, ``/action`` start/stop/restart/terminate with 409 where the status does not allow it, delete;
+"Create a pod", "Trigger a pod state transition", "Terminate a pod"), network volumes ("Create a network
+volume": 10 to 4096 GB, in a data center with network volumes), the catalog ("List GPU types": prices
+per cloud, ``availability`` and ``dataCenters`` for ``product``/``count``/``cloud``, ``include`` needing
+``product``; "List data centers"), and Instant Clusters (``/v2/clusters``, below). A v2 pod's
+``status`` is PROVISIONING/STARTING until its container is up, then RUNNING with ``ssh.direct`` (its
+``22/tcp``); a create places the pod only in a data center of ``dataCenterIds`` where the catalog shows
+its type in stock in its cloud, else 400 "There are no longer any instances available ...".
+
+**GraphQL** (``/graphql``, the runpod SDK 1.11's one call and RunPod's GraphQL docs) answers queries
+on the same state. ``retire_graphql`` (on by default: the tests run so) makes its pod and volume
+mutations answer as a retired API would: HTTP 410 with an error naming REST v2 (RunPod documents no
+text for it; the migration guide moves every client to v2), and nothing is done.
+
+GraphQL days (what it answered before ``retire_graphql``): POST /graphql with ``{"query": ...}`` and no
+variables, Bearer keys (401 on a bad one; a pod's own key works only on that pod), errors in ``errors``
+(HTTP 200 for refusals, 500 for "Something went wrong", 400 for queries that do not parse or ask for
+fields that do not exist), 429 with an HTML body, ``runtime`` null until the "container" is up.
 Pods are tests/fakes/hosts.py containers: a stop clears the container disk and keeps the volume
 (``/workspace``), RunPod's images make new SSH host keys at every start. What else it models, and
 where that is written:
@@ -97,13 +115,19 @@ DEFAULT_GPUS = [
      "securePrice": 2.99, "communityPrice": 2.69, "minimumBidPrice": 1.75, "stockStatus": "Medium"},
 ]
 
-# Data centers: which have network storage and which GPU types are in stock in each (an id of
-# DEFAULT_GPUS). Every pod that names no data center lands wherever its GPU type is.
+# Data centers: which have network volumes, and which GPU types are in stock in each, per cloud (an id
+# of DEFAULT_GPUS: its availability level) and for Instant Clusters (``cluster``: the catalog's
+# product=CLUSTER). A pod goes to a data center of its cloud that has its type in stock.
 DEFAULT_DATA_CENTERS = [
     {"id": "EU-RO-1", "name": "Romania", "storageSupport": True,
-     "stock": {"NVIDIA GeForce RTX 4090": "High", "NVIDIA RTX A6000": "Low", "NVIDIA H100 80GB HBM3": "Medium"}},
-    {"id": "US-KS-2", "name": "Kansas", "storageSupport": True, "stock": {"NVIDIA GeForce RTX 3090": "Medium"}},
-    {"id": "EU-SE-1", "name": "Sweden", "storageSupport": False, "stock": {"NVIDIA GeForce RTX 4090": "Low"}},
+     "stock": {"NVIDIA GeForce RTX 4090": "High", "NVIDIA RTX A6000": "Low", "NVIDIA H100 80GB HBM3": "Medium"},
+     "community": {}, "cluster": {"NVIDIA H100 80GB HBM3": "Medium"}},
+    {"id": "US-KS-2", "name": "Kansas", "storageSupport": True, "stock": {"NVIDIA GeForce RTX 3090": "Medium"},
+     "community": {}, "cluster": {}},
+    {"id": "EU-SE-1", "name": "Sweden", "storageSupport": False, "stock": {"NVIDIA GeForce RTX 4090": "Low"},
+     "community": {"NVIDIA GeForce RTX 4090": "High", "NVIDIA GeForce RTX 3090": "Medium",
+                   "NVIDIA RTX A6000": "Low", "NVIDIA A100 80GB PCIe": "Low", "NVIDIA H100 80GB HBM3": "Low"},
+     "cluster": {}},
 ]
 
 # Input fields each mutation accepts (a subset of RunPod's schema; anything else is a validation
@@ -126,6 +150,54 @@ INPUTS = {
     "deleteNetworkVolume": ("DeleteNetworkVolumeInput", {"id"}),
 }
 VOLUME_MUTATIONS = ("createNetworkVolume", "deleteNetworkVolume")
+RETIRED = ("This API has been retired: pods and network volumes are managed through REST API v2 "
+           "(https://docs.runpod.io/api-reference-v2/overview)")
+SPEC_PATH = Path(__file__).with_name("runpod_openapi_v2.json")
+_validators: dict[str, Any] = {}
+
+
+def spec() -> dict:
+    return json.loads(SPEC_PATH.read_text())
+
+
+def validate(schema: str, body: Any) -> list[str]:
+    """What is wrong with ``body`` against the v2 description's ``schema``, in v2's words: an
+    undefined field named as ``$.path: additional properties 'x' not allowed``."""
+    import jsonschema
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    if schema not in _validators:
+        registry = Registry().with_resource("urn:runpod-v2", Resource.from_contents(spec(), DRAFT202012))
+        _validators[schema] = jsonschema.Draft202012Validator(
+            {"$ref": f"urn:runpod-v2#/components/schemas/{schema}"}, registry=registry)
+    out = []
+    for e in sorted(_validators[schema].iter_errors(body), key=lambda e: list(e.absolute_path)):
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path)
+        if e.validator in ("additionalProperties", "unevaluatedProperties"):
+            names = re.findall(r"'([^']+)'", e.message.split("(")[-1])
+            out.append(f"{where}: additional properties {', '.join(repr(n) for n in names)} not allowed")
+        else:
+            out.append(f"{where}: {e.message}")
+    return out
+
+
+class V2Error(Exception):
+    """A v2 problem answer."""
+
+    def __init__(self, status: int, detail: str, errors: list[str] | None = None, title: str | None = None,
+                 retry_after: str | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.errors, self.retry_after = status, detail, errors, retry_after
+        self.title = title or {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+                               409: "Conflict", 422: "Unprocessable Entity", 429: "Too Many Requests",
+                               500: "Internal Server Error"}.get(status, "Error")
+
+    def problem(self) -> dict:
+        out = {"title": self.title, "status": self.status, "detail": self.detail}
+        if self.errors:
+            out["errors"] = self.errors
+        return out
 
 
 class GraphQLError(Exception):
@@ -297,6 +369,11 @@ class Pod:
     network_volume: str | None = None  # the id of the network volume it mounts
     data_center: str | None = None
     gone_polls: int = 0  # polls left showing TERMINATED before the pod vanishes
+    cloud: str = "SECURE"
+    cpu_flavor: str | None = None
+    cluster: str | None = None  # the Instant Cluster it is a member of
+    rank: int = 0
+    cluster_ip: str | None = None
     started: float = field(default_factory=time.time)
     changed: float = field(default_factory=time.time)
 
@@ -318,7 +395,7 @@ class FakeRunPod:
     ``queries`` holds every query received, in order."""
 
     def __init__(self, root: Path, gpus: list[dict] | None = None, runtime_delay: int = 2,
-                 terminate_lag: int = 1):
+                 terminate_lag: int = 1, retire_graphql: bool = True):
         self.root = Path(root)
         self.gpus = [dict(g) for g in (gpus if gpus is not None else DEFAULT_GPUS)]
         self.runtime_delay = runtime_delay
@@ -341,6 +418,13 @@ class FakeRunPod:
         self.image_files: dict[str, dict] = {}
         self.data_centers = [dict(c, stock=dict(c["stock"])) for c in DEFAULT_DATA_CENTERS]
         self.network_volumes: dict[str, dict] = {}  # id -> {id, name, size, dataCenterId}
+        self.retire_graphql = retire_graphql
+        self.retry_after: str | None = None  # the Retry-After a 429 carries (v2), None: none
+        self.fail_volume_create_after = 0  # next N volume creates make it, then answer 500
+        self.volume_listing_lag = 0  # a new volume is missing from the next N volume listings
+        self.requests: list[tuple[str, str, Any]] = []  # every v2 request: (method, path with query, body)
+        self.clusters: dict[str, dict] = {}
+        self.fail_cluster_member = 0  # next N clusters: one member never comes up (the create still bills)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
@@ -352,6 +436,15 @@ class FakeRunPod:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
+                fake._serve(self)
+
+            def do_GET(self):  # noqa: N802
+                fake._serve(self)
+
+            def do_DELETE(self):  # noqa: N802
+                fake._serve(self)
+
+            def do_PATCH(self):  # noqa: N802
                 fake._serve(self)
 
             def log_message(self, *args):
@@ -388,6 +481,15 @@ class FakeRunPod:
             found += [f.args["input"] for f in fields if op == "mutation" and f.name == mutation]
         return found
 
+    def sent(self, method: str, path: str) -> list[Any]:
+        """The body of every v2 ``method`` request to ``path`` (exact, without its query)."""
+        return [b for m, p, b in self.requests if m == method and p.split("?")[0] == path]
+
+    def actions(self, action: str) -> list[str]:
+        """The pod ids of every v2 ``/action`` request of ``action``."""
+        return [p.split("/")[3] for m, p, b in self.requests
+                if m == "POST" and p.endswith("/action") and isinstance(b, dict) and b.get("action") == action]
+
     def gpu(self, gpu_id: str) -> dict:
         return next(g for g in self.gpus if g["id"] == gpu_id)
 
@@ -398,6 +500,8 @@ class FakeRunPod:
 
     # -- HTTP -----------------------------------------------------------------------------
     def _serve(self, req: BaseHTTPRequestHandler) -> None:
+        if req.path.startswith("/v2/") or req.path == "/v2":
+            return self._serve_v2(req)
         body = req.rfile.read(int(req.headers.get("Content-Length") or 0))
         try:
             query = json.loads(body)["query"]
@@ -405,7 +509,7 @@ class FakeRunPod:
             return self._reply(req, 400, {"errors": [{"message": "POST body must be JSON with a query"}]})
         with self._lock:
             self.queries.append(query)
-            if req.path.split("?")[0] != "/graphql":
+            if req.command != "POST" or req.path.split("?")[0] != "/graphql":
                 return self._reply(req, 404, {"errors": [{"message": "Not Found"}]})
             if self.rate_limited > 0:
                 self.rate_limited -= 1
@@ -421,11 +525,125 @@ class FakeRunPod:
                     return self._reply(req, 401, {"error": "Unauthorized"})
             try:
                 op, fields = parse(query)
+                if self.retire_graphql and op == "mutation" and any(f.name in INPUTS for f in fields):
+                    raise GraphQLError(RETIRED, 410, "GONE")
                 data = {f.name: self._resolve(op, f, scope) for f in fields}
             except GraphQLError as e:
                 error = {"message": str(e), "path": [], "extensions": {"code": e.code or "BAD_REQUEST"}}
                 return self._reply(req, e.status, {"errors": [error], "data": None})
             return self._reply(req, 200, {"data": data})
+
+    # -- REST API v2 ----------------------------------------------------------------------
+    def _serve_v2(self, req: BaseHTTPRequestHandler) -> None:
+        raw = req.rfile.read(int(req.headers.get("Content-Length") or 0))
+        path, _, qs = req.path.partition("?")
+        from urllib.parse import parse_qs
+
+        query = {k: v[-1] for k, v in parse_qs(qs).items()}
+        try:
+            body = json.loads(raw) if raw.strip() else None
+        except ValueError:
+            return self._problem(req, V2Error(400, "request body is not JSON"))
+        with self._lock:
+            self.requests.append((req.command, req.path, body))
+            self.queries.append(f"{req.command} {req.path}")
+            try:
+                if self.rate_limited > 0:  # the limiter: nothing is done
+                    self.rate_limited -= 1
+                    raise V2Error(429, "rate limit exceeded", retry_after=self.retry_after)
+                auth = req.headers.get("Authorization", "")
+                token = auth[7:] if auth.startswith("Bearer ") else ""
+                scope = None
+                if token != self.key:
+                    scope = next((p.id for p in self.pods.values() if p.key == token and p.status != "TERMINATED"),
+                                 None)
+                    if scope is None:
+                        raise V2Error(401, "invalid or missing API key")
+                status, answer = self._route(req.command, path, query, body, scope)
+            except V2Error as e:
+                return self._problem(req, e)
+        if status == 204:
+            req.send_response(204)
+            req.send_header("Content-Length", "0")
+            req.end_headers()
+            return None
+        return self._reply(req, status, answer)
+
+    def _problem(self, req: BaseHTTPRequestHandler, e: V2Error) -> None:
+        raw = json.dumps(e.problem()).encode()
+        req.send_response(e.status)
+        req.send_header("Content-Type", "application/problem+json")
+        if e.retry_after is not None:
+            req.send_header("Retry-After", e.retry_after)
+        req.send_header("Content-Length", str(len(raw)))
+        req.end_headers()
+        req.wfile.write(raw)
+
+    def _checked(self, schema: str, body: Any) -> dict:
+        problems = validate(schema, body)
+        if problems:
+            raise V2Error(422, "Request validation failed.", problems)
+        return body
+
+    def _route(self, method: str, path: str, query: dict, body: Any, scope: str | None) -> tuple[int, Any]:
+        parts = [p for p in path.split("/") if p][1:]  # after "v2"
+        if scope is not None and not (len(parts) >= 2 and parts[0] == "pods" and parts[1] == scope):
+            raise V2Error(403, "This API key is scoped to one pod: permission denied")
+        route = (method, *["{id}" if i == 1 and parts[0] != "catalog" else p for i, p in enumerate(parts)])
+        ident = parts[1] if len(parts) > 1 else None
+        if route == ("GET", "pods"):
+            return 200, {"pods": self._v2_listing(query.get("includeClusterPods") == "true")}
+        if route == ("POST", "pods"):
+            return 201, self._v2_create_pod(self._checked("CreatePodRequest", body))
+        if route == ("GET", "pods", "{id}"):
+            return 200, self._v2_lookup(ident)
+        if route == ("DELETE", "pods", "{id}"):
+            self._v2_terminate(self._v2_member_check(ident))
+            return 204, None
+        if route == ("POST", "pods", "{id}", "action"):
+            action = self._checked("PodActionRequest", body)["action"]
+            pod = self._v2_member_check(ident) if action in ("stop", "terminate", "start") else self._v2_pod(ident)
+            return self._v2_action(pod, action)
+        if route == ("GET", "network-volumes"):
+            if self.fail_listing > 0:
+                self.fail_listing -= 1
+                raise V2Error(500, SOMETHING_WRONG)
+            shown = []
+            for v in self.network_volumes.values():
+                if v.get("hidden", 0) > 0:  # listing lag, as a new pod's (assumed for volumes alike)
+                    v["hidden"] -= 1
+                else:
+                    shown.append(self._v2_volume(v))
+            return 200, {"networkVolumes": shown}
+        if route == ("POST", "network-volumes"):
+            return 201, self._v2_create_volume(self._checked("CreateNetworkVolumeRequest", body))
+        if route == ("GET", "network-volumes", "{id}"):
+            if ident not in self.network_volumes:
+                raise V2Error(404, "network volume not found")
+            return 200, self._v2_volume(self.network_volumes[ident])
+        if route == ("DELETE", "network-volumes", "{id}"):
+            if self.network_volumes.pop(ident, None) is None:
+                raise V2Error(404, "network volume not found")
+            shutil.rmtree(self.volume_dir(ident), ignore_errors=True)
+            return 204, None
+        if route == ("GET", "catalog", "gpus"):
+            return 200, {"gpus": self._v2_catalog(query)}
+        if route == ("GET", "catalog", "datacenters"):
+            return 200, {"dataCenters": [self._v2_center(c) for c in self.data_centers]}
+        if route == ("GET", "clusters"):
+            return 200, {"clusters": [self._v2_cluster(c) for c in self.clusters.values()]}
+        if route == ("POST", "clusters"):
+            return 201, self._v2_create_cluster(self._checked("CreateClusterRequest", body))
+        if route == ("GET", "clusters", "{id}"):
+            return 200, self._v2_cluster(self._cluster(ident))
+        if route == ("GET", "clusters", "{id}", "pods"):
+            cluster = self._cluster(ident)
+            return 200, {"pods": [self._v2_pod_view(self.pods[p]) for p in cluster["pods"]
+                                  if self.pods[p].status != "TERMINATED"]}
+        if route == ("DELETE", "clusters", "{id}"):
+            self._v2_delete_cluster(self._cluster(ident))
+            return 204, None
+        raise V2Error(404, f"no route {method} {path}")
 
     @staticmethod
     def _reply(req: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
@@ -682,16 +900,26 @@ class FakeRunPod:
         pod.late_polls = self.runtime_delay
         pod.status, pod.started, pod.changed = "RUNNING", time.time(), time.time()
         needs = _image_cuda(pod.image)
-        pod.stuck = bool(pod.gpu_count and pod.host_cuda and needs and _version(pod.host_cuda) < needs)
-        if pod.stuck:  # "OCI runtime create failed": it shows RUNNING, with no runtime, for ever
+        pod.stuck = pod.stuck or bool(pod.gpu_count and pod.host_cuda and needs and _version(pod.host_cuda) < needs)
+        if pod.stuck:  # "OCI runtime create failed": it never comes up, for ever
             return
-        runpod_env = {"RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.key, "RUNPOD_GPU_COUNT": str(pod.gpu_count),
-                      # where "RunPod's API" is, seen from the pod
-                      "RUNPOD_API_BASE_URL": self.url}
-        container_env = {**pod.env, **runpod_env}
-        if not pod.gpu_count:
-            container_env["CUDA_VISIBLE_DEVICES"] = ""
+        self._host_for(pod)
+        pod.port = pod.private_port = free_port(pod.host.address)
+        pod.host.env.update({"RUNPOD_PUBLIC_IP": pod.host.address, "RUNPOD_TCP_PORT_22": str(pod.port)})
+        try:
+            pod.host.boot(port=pod.port)
+        except RuntimeError as e:
+            raise GraphQLError(f"{SOMETHING_WRONG} ({e})", 500, "INTERNAL_SERVER_ERROR") from None
+
+    def _host_for(self, pod: Pod) -> Host:
+        """The pod's container host, made at its first boot."""
         if pod.host is None:
+            runpod_env = {"RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.key, "RUNPOD_GPU_COUNT": str(pod.gpu_count),
+                          # where "RunPod's API" is, seen from the pod
+                          "RUNPOD_API_BASE_URL": self.url}
+            container_env = {**pod.env, **runpod_env}
+            if not pod.gpu_count:
+                container_env["CUDA_VISIBLE_DEVICES"] = ""
             # RunPod's images (runpod/containers, official-templates/base start.sh): new SSH host keys
             # at every start, the container's environment written to /etc/rp_environment and sourced
             # at the end of ~/.bashrc (after Ubuntu's early return for non-interactive shells).
@@ -701,12 +929,7 @@ class FakeRunPod:
                             keep_container_disk=False, new_host_keys_each_boot=True,
                             env_file="/etc/rp_environment", bashrc_tail="source /etc/rp_environment\n")
             pod.host.files.update(self.image_files)
-        pod.port = pod.private_port = free_port(pod.host.address)
-        pod.host.env.update({"RUNPOD_PUBLIC_IP": pod.host.address, "RUNPOD_TCP_PORT_22": str(pod.port)})
-        try:
-            pod.host.boot(port=pod.port)
-        except RuntimeError as e:
-            raise GraphQLError(f"{SOMETHING_WRONG} ({e})", 500, "INTERNAL_SERVER_ERROR") from None
+        return pod.host
 
     def _halt(self, pod: Pod) -> None:
         if pod.host is not None:
@@ -746,6 +969,349 @@ class FakeRunPod:
             pod.host.destroy()
         shutil.rmtree(pod.root, ignore_errors=True)
         pod.status, pod.changed, pod.gone_polls = "TERMINATED", time.time(), self.terminate_lag
+
+    # -- REST API v2: pods -----------------------------------------------------------------
+    def _v2_status(self, pod: Pod) -> str:
+        """v2's status: PROVISIONING/STARTING until the container is up (RunPod's ports arrive late;
+        a container that never starts stays STARTING), then RUNNING; EXITED; TERMINATED."""
+        if pod.status != "RUNNING":
+            return pod.status
+        if pod.stuck:
+            return "STARTING"
+        if pod.late_polls > 0:
+            pod.late_polls -= 1
+            return "STARTING"
+        return "RUNNING"
+
+    def _v2_pod_view(self, pod: Pod) -> dict:
+        status = self._v2_status(pod)
+        direct = None
+        if status == "RUNNING":
+            direct = {"host": pod.host.address, "port": pod.port, "username": "root",
+                      "command": f"ssh root@{pod.host.address} -p {pod.port}"}
+        mounts: dict = {}
+        if pod.network_volume:
+            mounts = {"network": [{"volumeId": pod.network_volume, "path": pod.mount}]}
+        elif pod.volume_gb:
+            mounts = {"persistent": {"size": pod.volume_gb, "path": pod.mount}}
+        actions = {"RUNNING": ["stop", "restart", "terminate"], "EXITED": ["start", "terminate"],
+                   "TERMINATED": []}.get(status, ["stop", "terminate"])
+        view = {
+            "id": pod.id, "name": pod.name, "status": status, "actions": actions, "image": pod.image, "args": "",
+            "disk": pod.container_gb, "mounts": mounts, "ports": ["22/tcp"], "env": dict(pod.env), "registry": None,
+            "cloud": pod.cloud, "dataCenterId": pod.data_center, "cudaVersion": pod.host_cuda,
+            "ssh": {"proxy": {"host": "ssh.runpod.io", "port": 22, "username": f"{pod.id}-64410f9c",
+                              "command": f"ssh {pod.id}-64410f9c@ssh.runpod.io"}, "direct": direct},
+            "template": None, "cost": pod.cost_per_hr if status not in ("EXITED", "TERMINATED") else 0.0,
+            "locked": False, "globalNetworking": {"enabled": False},
+            "runtime": {"uptime": int(time.time() - pod.started), "gpus": [], "ports": [
+                {"private": 22, "public": pod.port, "type": "tcp", "ip": pod.host.address}]} if direct else None,
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pod.started)),
+            "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pod.started)) if direct else None,
+        }
+        if pod.gpu_type:
+            view["gpu"] = {"id": pod.gpu_type["id"], "count": pod.gpu_count}
+        else:
+            view["cpu"] = {"id": pod.cpu_flavor or "cpu3c", "vcpuCount": pod.vcpus}
+        if pod.cluster:
+            view["cluster"] = {"id": pod.cluster, "rank": pod.rank, "ip": pod.cluster_ip}
+        return view
+
+    def _v2_listing(self, include_cluster: bool) -> list[dict] | None:
+        if self.fail_listing > 0:
+            self.fail_listing -= 1
+            if self.listing_failure == "null":
+                return None
+            raise V2Error(500, SOMETHING_WRONG)
+        out = []
+        for p in list(self.pods.values()):
+            if p.cluster and not include_cluster:  # "excluded from GET /v2/pods by default" (the Pod schema)
+                continue
+            if p.hidden_listings > 0:  # not listed yet (listing lag)
+                p.hidden_listings -= 1
+            elif p.status != "TERMINATED":
+                out.append(self._v2_pod_view(p))
+        return out
+
+    def _v2_pod(self, pod_id: str | None) -> Pod:
+        pod = self.pods.get(pod_id)
+        if pod is None or pod.status == "TERMINATED":
+            raise V2Error(404, "pod not found")
+        return pod
+
+    def _v2_member_check(self, pod_id: str | None) -> Pod:
+        pod = self._v2_pod(pod_id)
+        if pod.cluster:  # "Pods that belong to a Cluster cannot be terminated here" (deletePod: 409)
+            raise V2Error(409, "Pod belongs to a cluster and cannot be modified or terminated via the pod "
+                               "endpoints: delete the cluster")
+        return pod
+
+    def _v2_lookup(self, pod_id: str | None) -> dict:
+        pod = self.pods.get(pod_id)
+        if pod is None:
+            raise V2Error(404, "pod not found")
+        if pod.hidden_lookups > 0:  # made, not visible to a lookup yet
+            pod.hidden_lookups -= 1
+            raise V2Error(404, "pod not found")
+        if pod.status == "TERMINATED":
+            if pod.gone_polls <= 0:
+                raise V2Error(404, "pod not found")
+            pod.gone_polls -= 1
+        return self._v2_pod_view(pod)
+
+    def _v2_gpu_center(self, gpu: dict, cloud: str, count: int, centers: list[str], stock: str = "") -> dict:
+        """The data center a pod (or a cluster) of ``gpu`` goes to: the first of ``centers`` (any when
+        empty) where its cloud has it in stock; none is a 400 and nothing is made."""
+        key = stock or ("stock" if cloud == "SECURE" else "community")
+        if count <= gpu.get("maxGpuCount", 8):
+            for c in self.data_centers:
+                if (not centers or c["id"] in centers) and c[key].get(gpu["id"]):
+                    return c
+        raise V2Error(400, NO_CAPACITY)
+
+    def _v2_create_pod(self, given: dict) -> dict:
+        if ("gpu" in given) == ("cpu" in given):
+            raise V2Error(400, "exactly one of gpu or cpu must be set")
+        if not given.get("image") and not given.get("templateId"):
+            raise V2Error(400, "image is required unless templateId is set")
+        if self.no_capacity > 0:
+            self.no_capacity -= 1
+            raise V2Error(400, NO_CAPACITY)
+        mounts = given.get("mounts") or {}
+        if "persistent" in mounts and "network" in mounts:
+            raise V2Error(400, "mounts.persistent and mounts.network are mutually exclusive")
+        if "cpu" in given and "persistent" in mounts:
+            raise V2Error(400, "mounts.persistent is invalid when cpu is set")
+        cloud, centers = given.get("cloud") or "SECURE", list(given.get("dataCenterIds") or [])
+        network = None
+        if mounts.get("network"):
+            vid = mounts["network"][0]["volumeId"]
+            network = self.network_volumes.get(vid)
+            if network is None:
+                raise V2Error(404, f"network volume {vid} not found")
+            if cloud != "SECURE":  # docs: network volumes are Secure Cloud only
+                raise V2Error(400, "Network volumes are only available on Secure Cloud")
+            if centers and network["dataCenterId"] not in centers:
+                raise V2Error(400, f"network volume {vid} is in data center {network['dataCenterId']}, not in "
+                                   f"{', '.join(centers)}")
+            centers = [network["dataCenterId"]]
+        if "cpu" in given:
+            vcpus = int(given["cpu"]["vcpuCount"])
+            if vcpus & (vcpus - 1):
+                raise V2Error(400, "vcpuCount must be a power of two")
+            gpu, count, host_cuda, cost = None, 0, None, round(0.03 * vcpus, 3)
+            center = next((c for c in self.data_centers if not centers or c["id"] in centers), self.data_centers[0])
+        else:
+            gpu = next((g for g in self.gpus if g["id"] == given["gpu"]["id"]), None)
+            if gpu is None:
+                raise V2Error(400, f"unknown GPU type {given['gpu']['id']!r}")
+            count = int(given["gpu"].get("count") or 1)
+            vcpus = 8 * count
+            price = gpu.get("securePrice" if cloud == "SECURE" else "communityPrice")
+            if not price:
+                raise V2Error(400, NO_CAPACITY)
+            center = self._v2_gpu_center(gpu, cloud, count, centers)
+            try:
+                host_cuda = self._place(given["gpu"])
+            except GraphQLError:
+                raise V2Error(400, NO_CAPACITY) from None
+            cost = round(price * count, 4)
+        persistent = mounts.get("persistent") or {}
+        pod = self._new_pod(str(given["name"]), gpu, count, cost, str(given.get("image") or ""),
+                            dict(given.get("env") or {}), int(persistent.get("size") or 0), int(given.get("disk") or 0),
+                            persistent.get("path"), host_cuda, vcpus, cloud, center["id"])
+        if network is not None:  # in place of the volume disk, at the path asked
+            pod.network_volume, pod.mount = network["id"], mounts["network"][0]["path"]
+        if "cpu" in given:
+            pod.cpu_flavor = given["cpu"]["id"]
+        self.pods[pod.id] = pod
+        self._v2_boot(pod)
+        if self.fail_create_after > 0:  # RunPod has answered 500 after making the pod
+            self.fail_create_after -= 1
+            raise V2Error(500, SOMETHING_WRONG)
+        return self._v2_pod_view(pod)
+
+    def _new_pod(self, name, gpu, count, cost, image, env, volume_gb, container_gb, mount, host_cuda, vcpus, cloud,
+                 center) -> Pod:
+        pod_id = _pod_id()
+        root = self.root / pod_id
+        root.mkdir(parents=True)
+        return Pod(id=pod_id, name=name, pod_type="RESERVED", gpu_type=gpu, gpu_count=count, cost_per_hr=cost,
+                   image=image, env=env, volume_gb=volume_gb, container_gb=container_gb,
+                   mount=mount if volume_gb else None, root=root, key="rpa_pod_" + secrets.token_hex(12), vcpus=vcpus,
+                   memory_gb=4 * vcpus, host_cuda=host_cuda, hidden_listings=self.listing_lag,
+                   hidden_lookups=self.lookup_lag, cloud=cloud, data_center=center)
+
+    def _v2_boot(self, pod: Pod) -> None:
+        try:
+            self._boot(pod)
+        except GraphQLError as e:
+            raise V2Error(500, str(e)) from None
+
+    def _v2_action(self, pod: Pod, action: str) -> tuple[int, Any]:
+        status = self._v2_status(pod)
+        if action == "terminate":
+            self._v2_terminate(pod)
+            return 204, None
+        if action == "stop":
+            if status == "EXITED":
+                raise V2Error(409, "pod is EXITED: stop is not a valid action")
+            if self.fail_stop > 0:
+                self.fail_stop -= 1
+                raise V2Error(500, SOMETHING_WRONG)
+            self._halt(pod)
+        elif action == "start":
+            if status != "EXITED":
+                raise V2Error(409, f"pod is {status}: start is not a valid action")
+            if self.refuse_resume > 0:
+                self.refuse_resume -= 1
+                raise V2Error(400, NOT_ENOUGH_GPUS)
+            self._v2_boot(pod)  # "resumes onto the same host": the same CUDA as before
+        elif action == "restart":
+            if status != "RUNNING":
+                raise V2Error(409, f"pod is {status}: restart is not a valid action")
+            self._halt(pod)
+            self._v2_boot(pod)
+        return 200, self._v2_pod_view(pod)
+
+    def _v2_terminate(self, pod: Pod) -> None:
+        if self.fail_terminate > 0:
+            self.fail_terminate -= 1
+            raise V2Error(500, SOMETHING_WRONG)
+        if self.terminate_ignored > 0:
+            self.terminate_ignored -= 1
+            return
+        self._end(pod)
+
+    def _end(self, pod: Pod) -> None:
+        if pod.host is not None:
+            pod.host.destroy()
+        shutil.rmtree(pod.root, ignore_errors=True)
+        pod.status, pod.changed, pod.gone_polls = "TERMINATED", time.time(), self.terminate_lag
+
+    # -- REST API v2: network volumes and the catalog --------------------------------------
+    def _v2_volume(self, v: dict) -> dict:
+        return {"id": v["id"], "name": v["name"], "size": v["size"], "dataCenter": v["dataCenterId"], "type": "STANDARD"}
+
+    def _v2_create_volume(self, given: dict) -> dict:
+        center = next((c for c in self.data_centers if c["id"] == given["dataCenter"]), None)
+        if center is None or not center["storageSupport"]:
+            raise V2Error(400, f"data center {given['dataCenter']!r} does not support network volumes")
+        vid = "".join(random.choices(string.ascii_lowercase + string.digits, k=10))
+        self.network_volumes[vid] = {"id": vid, "name": given["name"], "size": given["size"],
+                                     "dataCenterId": center["id"], "hidden": self.volume_listing_lag}
+        self.volume_dir(vid).mkdir(parents=True)
+        if self.fail_volume_create_after > 0:  # made, and the answer is a 500
+            self.fail_volume_create_after -= 1
+            raise V2Error(500, SOMETHING_WRONG)
+        return self._v2_volume(self.network_volumes[vid])
+
+    def _v2_catalog(self, q: dict) -> list[dict]:
+        include, product = q.get("include"), q.get("product")
+        if bool(include) != bool(product):  # "Required with include=AVAILABILITY, and valid only with it"
+            raise V2Error(400, "product is required with include=AVAILABILITY, and valid only with it")
+        count, cloud = int(q.get("count") or 1), str(q.get("cloud") or "SECURE").upper()
+        key = "cluster" if product == "CLUSTER" else ("stock" if cloud == "SECURE" else "community")
+        levels = ["NONE", "LOW", "MEDIUM", "HIGH"]
+        out = []
+        for g in self.gpus:
+            secure, community = g.get("securePrice") is not None, g.get("communityPrice") is not None
+            row = {"id": g["id"], "name": g["displayName"], "pool": None, "manufacturer": "NVIDIA",
+                   "memory": g["memoryInGb"], "secure": secure, "community": community,
+                   "price": {"secure": g.get("securePrice") or 0.0, "community": g.get("communityPrice") or 0.0},
+                   "maxCount": {"secure": g.get("maxGpuCount", 8) if secure else 0,
+                                "community": g.get("maxGpuCount", 8) if community else 0}}
+            if include:
+                offered = (secure if cloud == "SECURE" else community) and count <= g.get("maxGpuCount", 8)
+                centers = [{"id": c["id"], "name": c["name"], "availability": c[key][g["id"]].upper()}
+                           for c in self.data_centers if offered and c[key].get(g["id"])]
+                row["availability"] = max((c["availability"] for c in centers), key=levels.index, default="NONE")
+                if centers:  # "omitted entirely when the configuration is unavailable everywhere"
+                    row["dataCenters"] = centers
+            out.append(row)
+        return out
+
+    def _v2_center(self, c: dict) -> dict:
+        return {"id": c["id"], "name": c["name"], "region": {"id": c["id"][:2], "name": c["name"]},
+                "globalNetwork": False, "networkVolumeTypes": ["STANDARD"] if c["storageSupport"] else [],
+                "compliance": []}
+
+    # -- REST API v2: Instant Clusters ------------------------------------------------------
+    def _cluster(self, cluster_id: str | None) -> dict:
+        cluster = self.clusters.get(cluster_id)
+        if cluster is None:
+            raise V2Error(404, "cluster not found")
+        return cluster
+
+    def _v2_create_cluster(self, given: dict) -> dict:
+        """All or nothing, in one data center: ``compute.podCount`` pods of one shape, each told the
+        cluster's own variables (docs.runpod.io/instant-clusters, "Environment variables"), with a
+        private address on the cluster's network: here each member's own 127.x address, where its
+        sshd and anything it serves listen."""
+        compute = given["compute"]
+        gpu = next((g for g in self.gpus if g["id"] == compute["gpuTypeId"]), None)
+        if gpu is None:
+            raise V2Error(400, f"unknown GPU type {compute['gpuTypeId']!r}")
+        if self.no_capacity > 0:
+            self.no_capacity -= 1
+            raise V2Error(400, NO_CAPACITY)
+        per_pod, count = int(compute["gpuCountPerPod"]), int(compute["podCount"])
+        center = self._v2_gpu_center(gpu, "SECURE", per_pod, list(given.get("dataCenterIds") or []), "cluster")
+        cid = "cl" + "".join(random.choices(string.ascii_lowercase + string.digits, k=12))
+        cluster = {"id": cid, "name": given["name"], "type": given["type"], "compute": compute,
+                   "dataCenterId": center["id"], "pods": [], "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        env = {k: str(v) for k, v in (given.get("env") or {}).items()}
+        members = []
+        for rank in range(count):
+            pod = self._new_pod(f"{given['name']}-{rank}", gpu, per_pod, round((gpu.get("securePrice") or 0) * per_pod, 4),
+                                str(given.get("image") or ""), dict(env), 0, int(given.get("disk") or 0), None,
+                                self.host_cudas[-1], 8 * per_pod, "SECURE", center["id"])
+            pod.cluster, pod.rank = cid, rank
+            members.append(pod)
+        for pod in members:
+            pod.cluster_ip = self._host_for(pod).address
+        primary = members[0].cluster_ip
+        for pod in members:
+            cluster_env = {"PRIMARY_ADDR": primary, "MASTER_ADDR": primary, "PRIMARY_PORT": "29500",
+                           "MASTER_PORT": "29500", "NODE_ADDR": pod.cluster_ip, "NODE_RANK": str(pod.rank),
+                           "NUM_NODES": str(count), "NUM_TRAINERS": str(per_pod), "HOST_NODE_ADDR": f"{primary}:29400",
+                           "WORLD_SIZE": str(count * per_pod)}
+            pod.env.update(cluster_env)
+            pod.host.env.update(cluster_env)
+            self.pods[pod.id] = pod
+            cluster["pods"].append(pod.id)
+        self.clusters[cid] = cluster
+        if self.fail_cluster_member > 0:
+            self.fail_cluster_member -= 1
+            members[-1].stuck = True
+        for pod in members:
+            self._v2_boot(pod)
+        return self._v2_cluster(cluster)
+
+    def _v2_cluster(self, cluster: dict) -> dict:
+        members = [self.pods[p] for p in cluster["pods"] if self.pods[p].status != "TERMINATED"]
+        by: dict[str, int] = {}
+        for p in members:
+            status = "STARTING" if p.stuck or (p.status == "RUNNING" and p.late_polls > 0) else p.status
+            by[status] = by.get(status, 0) + 1
+        out = {"id": cluster["id"], "name": cluster["name"], "type": cluster["type"], "compute": cluster["compute"],
+               "dataCenterId": cluster["dataCenterId"], "pods": {"total": len(members), "byStatus": by},
+               "network": {"cidr": "127.0.0.0/8"}, "createdAt": cluster["createdAt"]}
+        head = next((p for p in members if p.rank == 0), None)
+        if head is not None:
+            out["primary"] = {"podId": head.id, "status": head.status}
+        return out
+
+    def _v2_delete_cluster(self, cluster: dict) -> None:
+        """"Permanently deletes a cluster and terminates all of its member pods." """
+        for pod_id in cluster["pods"]:
+            if self.pods[pod_id].status != "TERMINATED":
+                self._end(self.pods[pod_id])
+        del self.clusters[cluster["id"]]
+
+    def live_clusters(self) -> list[dict]:
+        with self._lock:
+            return list(self.clusters.values())
 
 
 def _version(text: str) -> tuple[int, int]:
