@@ -26,7 +26,16 @@ def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | N
         advanced.extend(jobs.advance_all(orch))
         advanced.extend(scheduling.run_due(orch, now() if now else None))
 
-    return reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
+    outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs)
+    if advanced and not dry_run and not any("watched" in d for d in advanced):  # a run started said its own
+        # A job left active (a scheduled run just started, one nobody watched) is watched from now
+        # on, not at the next pass: with no reaper installed that pass may never come.
+        from orchestrator import watcher
+
+        line = watcher.ensure_active(orch)
+        if line:
+            orch.say(line)
+    return outcomes, advanced
 
 
 def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> None:
@@ -40,6 +49,8 @@ def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> N
     sys.stdout.write(reaper.table(outcomes, dry_run))
     for j in advanced:
         print(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""), flush=True)
+        if j.get("watched"):
+            print(j["watched"], file=sys.stderr, flush=True)
 
 
 def fast(dry_run: bool, as_json: bool) -> None:

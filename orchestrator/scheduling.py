@@ -4,7 +4,7 @@ and what a late pass does, is ``cron``'s (pure); this module reads the clock's a
 ledger (``ledger_schedules``) and starts each run through the one path in, ``jobs.submit``.
 
 A run is an ordinary job named ``NAME-YYYYMMDD-HHMM`` (the occurrence in the schedule's zone):
-watched, relaunched and capped like any. It runs what the schedule fixed when it was added: the
+watched (``watcher.ensure``, as ``orch run`` does), relaunched and capped like any. It runs what the schedule fixed when it was added: the
 task's job spec and the snapshot of its workdir (``$ORCH_HOME/schedules/workdir-HASH.tar``, put
 in orch's cache under its name for the job to send).
 
@@ -371,8 +371,15 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     when = f"{c.local(row.occurrence):%Y-%m-%d %H:%M %Z}"
     job = note(orch, got.job, f"a run of schedule {s.name} (its occurrence {when})", say=False)
     said = f"{st.reason}; " if st.reason else ""
-    return end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
+    done = end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
                usd=estimate(got.choice, sub), job_state=job.state)
+    if job.state in jobs.ACTIVE:
+        # Watched from now on, as `orch run` watches its job: --max-cost, completion, pulls and
+        # teardown within seconds, not at a next pass that may never come (no reaper installed).
+        from orchestrator import watcher
+
+        done["watched"] = watcher.ensure(orch, job.name)
+    return done
 
 
 def estimate(choice, sub) -> float | None:

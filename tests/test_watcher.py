@@ -14,6 +14,7 @@ import json
 import os
 import re
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,49 @@ def test_a_second_watcher_leaves_at_once_and_a_bad_interval_is_refused(orch_home
     assert "another watcher watches this ledger" in second.stdout, second.stdout
     bad = run_orch("watch", "--interval", "nan", check=2)
     assert "interval" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# -- issue 55, 1: every job is watched, a schedule's run too, with no reaper installed ------------------
+def test_a_scheduled_run_started_by_hand_is_watched_and_stopped_for_max_cost_within_seconds(orch_home, tmp_path):
+    orch_home.mkdir(mode=0o700)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 0.5\n")
+    task = write(tmp_path / "task.yml", """
+        name: capped
+        resources: {cpu: true}
+        run: sleep 600
+        """)
+    run_orch("schedule", "add", "capped", "-f", task, "--cron", "0 2 * * *", "--max-cost", "0.001", check=0)
+    ran = run_orch("schedule", "run", "capped", env=WATCHED, check=0)
+    name = ran.stdout.split(":")[0]
+    pid = watcher_pid(ran)
+    # $0.001 at $0.5/hr is 7.2 s of machine: the watcher stops it then, not at a pass nobody makes.
+    wait_for(lambda: job_state(name) in ("failed", "completed", "cancelled"), timeout=90,
+             what="the watcher to end the capped run")
+    job = ledger().job(name)
+    assert job.state == "failed" and "--max-cost $0.001" in job.reason, job.reason
+    shown = json.loads(run_orch("jobs", "show", name, "--json", check=0).stdout)
+    assert shown["cost"] < 0.004, f"stopped near its cap, not many times over: {shown['cost']}"
+    assert live_instances() == []
+    wait_for(lambda: not alive(pid), timeout=30, what="the watcher to exit")
+
+
+def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_home, tmp_path):
+    from orchestrator import ledger_schedules
+
+    task = write(tmp_path / "task.yml", """
+        name: tick
+        resources: {cpu: true}
+        run: echo done > out.txt
+        outputs: [out.txt]
+        """)
+    run_orch("schedule", "add", "-f", task, "--cron", "* * * * *", check=0)
+    s = ledger_schedules.get(ledger(), "tick")
+    now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
+    ledger_schedules.change(ledger(), s.id, due_at=now)  # due this minute, rather than a wait for the next
+    passed = run_orch("reap", env=WATCHED, check=0)
+    [name] = [j.name for j in ledger().jobs() if j.name.startswith("tick-")]
+    assert "is watched by a detached watcher" in passed.stderr, passed.stderr
+    # Nobody looks again: the watcher sees the command end, pulls its output and ends the machine.
+    wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
+    assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n"
+    assert live_instances() == []

@@ -250,5 +250,7 @@ def run(name: str):
     orch = open_orch()
     got = scheduling.run_now(orch, _schedule(orch, name))
     out(f"{got['name']}: {got['state']} ({clean(got['reason'], 400)})")
+    if got.get("watched"):
+        say(got["watched"])
     if got["state"] in ("skipped", "failed"):
         sys.exit(1)
