@@ -21,7 +21,7 @@ from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
-jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs.",
+jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs, rm.",
                        invoke_without_command=True)
 app.add_typer(jobs_app, name="jobs")
 
@@ -55,6 +55,9 @@ def run(
     keep: bool = typer.Option(False, "--keep", help="On completion stop the instance instead of destroying it, "
                                                     "where the provider can."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running)."),
+    replace: bool = typer.Option(False, "--replace", help="Reuse the name of an ended job: its row and its files "
+                                                          "are removed once the new plan holds (never a running "
+                                                          "job's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     **options,
 ):
@@ -67,16 +70,17 @@ def run(
         from orchestrator.cli import task_run
 
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
-                               max_hours, retries, keep, options)
+                               max_hours, retries, keep, {**options, "replace": replace})
         if isinstance(got, task_run.Training):
             name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
             retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
+            options.pop("replace", None)
         else:
             sub = got
     else:
         max_price = None
     if sub is None:
-        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options)
+        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run, replace)
     _check_caps(sub)
     _submit(sub, dry_run, wait, as_json)
 
@@ -91,7 +95,7 @@ def _after_dashes(name, command):
     return name, command
 
 
-def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options):
+def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run=False, replace=False):
     """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
     from dataclasses import replace
 
@@ -122,19 +126,23 @@ def _training(name, provider, max_cost, max_hours, retries, keep, max_price, opt
         first.require_credentials()
     folder = config.home() / "runs" / name
     if spec.resume:
+        if replace:
+            raise UsageError("--resume continues from the run's files, --replace removes them: one or the other")
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
         checkpoint_vet.refuse_unsafe(folder / "weights" / "last.pt")
-    elif folder.is_dir() and any(folder.iterdir()):
-        raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
-                         "from its weights/last.pt")
+    else:
+        from orchestrator.jobs.record import refuse_taken
+
+        refuse_taken(config.home(), name, dry_run, replace, say)  # --resume continues from them instead
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(kind="train", work=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, nodes=nodes,
                       max_price=max_price, volumes=volume_mounts.for_flags(options.get("volume"), nodes, named))
     return jobs.Submission(name, js, max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep,
-                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None)
+                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None,
+                           replace=replace)
 
 
 def _check_caps(sub) -> None:
@@ -329,6 +337,30 @@ def jobs_cancel(name: str):
     orch = open_orch()
     job = jobs.cancel(orch, _job(orch, name))
     out(f"job {job.name}: {job.state}")
+
+
+@jobs_app.command("rm")
+def jobs_rm(name: str, yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal).")):
+    """Remove an ended job: its row in the ledger and its files at home (weights, outputs, checkpoint
+    copies); its name is free again. Refused while it runs (`orch jobs cancel` first)."""
+    from orchestrator import jobs
+    from orchestrator.jobs.record import files_of, forget
+
+    jobs.check_job_name(name)  # before anything is opened: a refusal creates no ledger
+    orch = open_orch()
+    job = _job(orch, name)
+    if job.state in jobs.ACTIVE:
+        raise UsageError(f"job {name} is {job.state}: `orch jobs cancel {name}` first")
+    held = files_of(orch.home, name)
+    if not yes:
+        what = f"job {name} ({job.state})" + (f" and {', '.join(map(str, held))}" if held else "")
+        if not sys.stdin.isatty():
+            raise UsageError(f"removing {what} loses its files: add --yes to remove without asking (no terminal to "
+                             "ask on)")
+        if not typer.confirm(f"remove {what}?", default=False, err=True):
+            raise UsageError("nothing removed")
+    rows, gone = forget(orch, name, jobs.ENDED)
+    out(f"job {name} removed ({len(rows)} row(s)" + (f"; {', '.join(map(str, gone))} deleted" if gone else "") + ")")
 
 
 @jobs_app.command("logs")

@@ -168,3 +168,4 @@ class Submission:
     keep: bool = False
     resume_from: Path | None = None  # a pulled run folder whose last.pt the job resumes from
     disk_given: bool = True  # False: the kind sizes the disk from what it will hold
+    replace: bool = False  # an ended job of that name (its row, its files) is removed once the plan holds
