@@ -458,10 +458,11 @@ def describe(orch, s) -> dict:
     def occ(r) -> str:
         return c.local(r.occurrence).isoformat()
 
+    nxt, waits = _next_run(orch, s, c, waiting)
     return {"name": s.name, "cron": s.cron, "tz": s.tz, "window": s.window, "max_price": s.max_price,
             "max_cost": s.max_cost, "overlap": s.overlap, "misfire": s.misfire, "paused": s.paused,
             "task_file": s.task_file, "snapshot": s.snapshot,
-            "next_run": (c.local(waiting.occurrence) if waiting else c.local(s.due_at)).isoformat(),
+            "next_run": c.local(nxt).isoformat(), "waits": waits,
             "last_run": None if launched is None else {
                 "name": launched.name, "occurrence": occ(launched), "state": job.state if job else launched.state,
                 "reason": job.reason if job else launched.reason, "price_hr": launched.price_hr, "usd": launched.usd},
@@ -470,3 +471,25 @@ def describe(orch, s) -> dict:
                 "price_hr": skipped.price_hr, "usd": skipped.usd, "at": iso(skipped.updated_at)},
             "waiting": None if waiting is None else {"name": waiting.name, "occurrence": occ(waiting),
                                                      "reason": waiting.reason}}
+
+
+def _next_run(orch, s, c: cron.Cron, waiting, now: datetime | None = None) -> tuple[datetime, str | None]:
+    """(when its next run starts, what it waits for, if anything): an occurrence a pass left
+    waiting, one held until its window opens (the window's opening, not the past occurrence), or
+    one already due that the next reaper pass starts."""
+    from orchestrator import reaper_timer
+
+    now = cron.utc(now or utcnow())
+    due = cron.utc(waiting.occurrence if waiting is not None else s.due_at)
+    if waiting is not None:
+        return due, waiting.reason
+    if s.paused or due > now:
+        return due, None
+    if s.window:
+        opens, _ = cron.window_of(cron.parse_window(s.window), c.tz, due)
+        if now < opens:
+            return opens, (f"the run of {c.local(due):%Y-%m-%d %H:%M %Z} waits for its window {s.window}: the first "
+                           f"reaper pass after {c.local(opens):%H:%M %Z} starts it")
+    pass_ = "the next reaper pass starts it" if reaper_timer.installed(orch.ledger) else \
+        "no reaper is installed: `orch reap` (or `orch reaper install`) starts it"
+    return due, f"due since {c.local(due):%Y-%m-%d %H:%M %Z}: {pass_}"

@@ -153,6 +153,10 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
                 return
         raise ProviderError(f"could not remove {root}")
 
+    def cpu_price_hr(self, request: Request) -> float | None:
+        """The price config.toml gives this machine, CPU or not: known before anything is made."""
+        return float(self.settings.get("price_per_hour", 0.0))
+
     def offers(self, request: Request) -> list[Offer] | None:
         """This machine's own GPUs, at the price config.toml gives them (default free); None
         without GPUs: the local provider is then no source of GPU offers."""
