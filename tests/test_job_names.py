@@ -1,7 +1,8 @@
 """A job's name can be used again (issue 55, 4): `orch jobs rm NAME` removes an ended job (its row
 and its files, asking first), `orch run --replace` re-runs an ended job's name, a dry run never
 refuses for the name's files, and a running job's name stays refused. Command jobs on the local
-provider, each a few seconds."""
+provider, each a few seconds. Ctrl-C during `orch run --wait`: before the command started it cancels the
+job; after, the job goes on."""
 
 from __future__ import annotations
 
@@ -61,3 +62,46 @@ def test_jobs_rm_asks_first_then_removes_the_row_and_its_files(orch_home):
     assert "no job named 'gone'" in run_orch("jobs", "rm", "gone", "--yes", check=2).stderr
     run_orch("run", "gone", "--cpu", "--wait", "--", "echo", "hi", check=0)  # the name is free again
     assert jobs_named("gone")[0]["state"] == "completed"
+
+
+# -- issue 55, 8: Ctrl-C during `orch run --wait` -------------------------------------------------------
+def interrupt_when(proc, marker: str) -> tuple[str, str]:
+    """Ctrl-C to ``proc`` once its stderr shows ``marker``; (what it printed before, after)."""
+    import signal
+
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        if marker in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    return seen, rest
+
+
+def test_ctrl_c_before_the_command_started_cancels_the_job_and_rents_no_second_attempt(orch_home):
+    from tests.clouds import local_billing, orch_proc
+    from tests.test_watcher import WATCHED, ledger
+
+    # A user's environment: the watcher on. It relaunched the interrupted attempt (a second rental).
+    proc = orch_proc("run", "reflex", "--cpu", "--wait", "--", "sleep", "600", env=WATCHED)
+    seen, rest = interrupt_when(proc, "[1/4] renting on local")
+    assert proc.returncode == 130, seen + rest
+    assert "interrupted before job reflex's command started: cancelling it" in rest, seen + rest
+    assert "job reflex: cancelled; nothing of it is left rented" in rest, seen + rest
+    job = ledger().job("reflex")
+    assert job.state == "cancelled", job.reason
+    assert len(ledger().attempts(job.id)) == 1 and live_instances() == [] and local_billing(orch_home) == set()
+
+
+def test_ctrl_c_after_the_command_started_detaches_and_says_so(orch_home):
+    from tests.clouds import orch_proc
+
+    proc = orch_proc("run", "goes-on", "--cpu", "--wait", "--", "sleep", "600")
+    seen, rest = interrupt_when(proc, "attempt 1 running on local")
+    assert proc.returncode == 130 and "its command has started, so the job goes on" in rest, seen + rest
+    assert "orch jobs cancel goes-on" in rest
+    [job] = jobs_named("goes-on")
+    assert job["state"] == "running" and len(live_instances()) == 1
+    run_orch("jobs", "cancel", "goes-on", check=0)
+    assert live_instances() == []

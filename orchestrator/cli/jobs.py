@@ -54,7 +54,7 @@ def run(
     retries: int = typer.Option(3, help="Relaunches after a lost attempt (or a launch that failed)."),
     keep: bool = typer.Option(False, "--keep", help="On completion stop the instance instead of destroying it, "
                                                     "where the provider can."),
-    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running once its work started; before, it cancels the job)."),
     replace: bool = typer.Option(False, "--replace", help="Reuse the name of an ended job: its row and its files "
                                                           "are removed once the new plan holds (never a running "
                                                           "job's)."),
@@ -181,9 +181,14 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
         if wait and job.state in jobs.ACTIVE:
             job = job_views.follow(orch, job)
     except KeyboardInterrupt:
-        if orch.ledger.job(sub.name) is None or dry_run:
+        job = orch.ledger.job(sub.name)
+        if job is None or dry_run:
             raise  # nothing recorded yet: nothing goes on
-        say(f"\norch: the job goes on: `orch jobs show {sub.name}` follows it, `orch jobs cancel {sub.name}` stops it")
+        if job.state in jobs.ACTIVE and not _started(orch, job):
+            _cancel_unstarted(orch, job)
+            sys.exit(130)
+        say(f"\norch: its command has started, so the job goes on: `orch jobs show {sub.name}` follows it, "
+            f"`orch jobs cancel {sub.name}` stops it")
         say(_watched(orch, sub.name))
         sys.exit(130)
     watched = _watched(orch, job.name) if job.state in jobs.ACTIVE else None  # nobody follows it from here
@@ -192,6 +197,30 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
         say(watched)  # what does: the watcher (started first, so it looks while this prints) or the reaper
     if job.state == jobs.FAILED:
         sys.exit(1)
+
+
+def _started(orch, job) -> bool:
+    """Whether an attempt of the job ever got its work started (a Ctrl-C after that leaves the job
+    running; before it, nothing the user asked for runs yet)."""
+    from orchestrator.jobs.states import ATTEMPT_DONE, ATTEMPT_RUNNING, LOST
+
+    return any(a.state in (ATTEMPT_RUNNING, ATTEMPT_DONE, LOST) for a in orch.ledger.attempts(job.id))
+
+
+def _cancel_unstarted(orch, job) -> None:
+    """A Ctrl-C during the first bring-up: the job is cancelled and what was rented ends (its
+    bring-up already destroyed what it made), so no watcher rents a second attempt for it. A
+    second Ctrl-C while this runs is held: what it ends must not be left billing."""
+    from orchestrator import jobs, parallel
+
+    say(f"\norch: interrupted before job {job.name}'s command started: cancelling it")
+    with parallel.ctrl_c_held():
+        try:
+            job = jobs.cancel(orch, job)
+        except UsageError:  # it ended meanwhile
+            job = orch.ledger.get_job(job.id)
+    say(f"orch: job {job.name}: {job.state}; nothing of it is left rented"
+        if job.state == jobs.CANCELLED else f"orch: job {job.name}: {job.state}")
 
 
 def _cpu_by_default(providers: list[str], options: dict) -> bool:
