@@ -54,7 +54,8 @@ def run(
     retries: int = typer.Option(3, help="Relaunches after a lost attempt (or a launch that failed)."),
     keep: bool = typer.Option(False, "--keep", help="On completion stop the instance instead of destroying it, "
                                                     "where the provider can."),
-    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running once its work started; before, it cancels the job)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running once its "
+                                                    "work started; before, it cancels the job)."),
     replace: bool = typer.Option(False, "--replace", help="Reuse the name of an ended job: its row and its files "
                                                           "are removed once the new plan holds (never a running "
                                                           "job's)."),
