@@ -4,8 +4,8 @@ and what a late pass does, is ``cron``'s (pure); this module reads the clock's a
 ledger (``ledger_schedules``) and starts each run through the one path in, ``jobs.submit``.
 
 A run is an ordinary job named ``NAME-YYYYMMDD-HHMM`` (the occurrence in the schedule's zone):
-watched (``watcher.ensure``, as ``orch run`` does), relaunched and capped like any. It runs what the schedule fixed when it was added: the
-task's job spec and the snapshot of its workdir (``$ORCH_HOME/schedules/workdir-HASH.tar``, put
+watched (``watcher.ensure``, as ``orch run`` does), relaunched and capped like any. It runs what
+the schedule fixed when it was added: the task's job spec and the snapshot of its workdir (``$ORCH_HOME/schedules/workdir-HASH.tar``, put
 in orch's cache under its name for the job to send).
 
 - **One at a time.** A pass holds the schedule's claim while it decides and launches (two reapers
