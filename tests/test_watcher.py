@@ -321,7 +321,24 @@ def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_ho
     passed = run_orch("reap", env=WATCHED, check=0)
     [name] = [j.name for j in ledger().jobs() if j.name.startswith("tick-")]
     assert "is watched by a detached watcher" in passed.stderr, passed.stderr
+    # The pass's table shows the machine its run was given, not "no live instances" (issue 55, 8).
+    assert "no live instances" not in passed.stdout, passed.stdout
+    assert re.search(rf"{name}-a1 +local +\w+ +job +- +made for a job in this pass", passed.stdout), passed.stdout
     # Nobody looks again: the watcher sees the command end, pulls its output and ends the machine.
     wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
     assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n"
+    assert live_instances() == []
+
+
+def test_a_pass_that_ends_a_group_job_shows_its_nodes_ended_not_ready(orch_home):
+    run_orch("run", "g2", "--nodes", "2", "--provider", "local", "--cpu", "--", "true", check=0)
+
+    def ending_pass():
+        p = run_orch("reap", check=0)
+        return p.stdout if "job g2: completed" in p.stdout else None
+
+    table = wait_for(ending_pass, timeout=120, what="a pass that completes the job")
+    for rank in (0, 1):
+        assert re.search(rf"g2-a1-{rank} +local +destroyed +job +- +its job ended it in this pass", table), table
+    assert " ready " not in table, table
     assert live_instances() == []
