@@ -342,3 +342,13 @@ def test_a_pass_that_ends_a_group_job_shows_its_nodes_ended_not_ready(orch_home)
         assert re.search(rf"g2-a1-{rank} +local +destroyed +job +- +its job ended it in this pass", table), table
     assert " ready " not in table, table
     assert live_instances() == []
+
+
+def test_a_failed_groups_other_node_is_not_shown_running_on_a_destroyed_machine(orch_home):
+    run_orch("run", "gf", "--nodes", "2", "--provider", "local", "--cpu", "--wait", "--", "bash", "-c",
+             '[ "$ORCH_NODE_RANK" = 1 ] && exit 3; sleep 600', check=1)
+    shown = run_orch("jobs", "show", "gf", check=0).stdout
+    assert re.search(r"node 1 +gf-a1-1: destroyed, command failed \(exit 3\)", shown), shown
+    assert re.search(r"node 0 +gf-a1-0: destroyed, command ended with its machine", shown), shown
+    assert "destroyed, command running" not in shown and "run      running" not in shown, shown
+    assert live_instances() == []

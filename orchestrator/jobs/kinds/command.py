@@ -486,7 +486,10 @@ class CommandKind(JobKind):
             end = utc(run.ended_at) or (utc(job.ended_at) if job.state in ENDED else datetime.now(timezone.utc))
             elapsed = max(round((end - utc(run.started_at)).total_seconds(), 1), 0.0)
         text = "\n".join(clean(line, 500) or "" for line in str(self.spec.run or "").splitlines()[:50])
-        return {"command": text, "run_state": run.state if run else None, "exit_code": code, "exit_phase": phase,
+        state = run.state if run else None
+        if state in ("starting", "running") and code is None and job.state in ENDED:
+            state = "ended with its machine"  # a failed group's head, ended for another node's failure
+        return {"command": text, "run_state": state, "exit_code": code, "exit_phase": phase,
                 "elapsed_s": elapsed, "outputs": list(self.spec.outputs), "checkpoint": self.spec.checkpoint}
 
     @staticmethod
