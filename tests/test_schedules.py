@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.clouds import local_billing, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
+from tests.clouds import configure, local_billing, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import ROOT, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
 from tests.racers import race
@@ -561,8 +561,7 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
 
 # -- issue 55, 7: a CPU task's known price, the limits shown, a run held for its window ----------------
 def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_shows_the_limits(orch_home, tmp_path):
-    orch_home.mkdir(mode=0o700)
-    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 0.5\n")
+    configure(orch_home, "local", {"price_per_hour": 0.5})
     task = write(tmp_path / "task.yaml", """
         name: cpu
         resources: {cpu: true}

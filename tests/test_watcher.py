@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clouds import wait_for
+from tests.clouds import configure, wait_for
 from tests.conftest import on_instance, run_orch
 from tests.test_tasks import live_instances, write
 
@@ -281,8 +281,7 @@ def test_a_second_watcher_leaves_at_once_and_a_bad_interval_is_refused(orch_home
 
 # -- issue 55, 1: every job is watched, a schedule's run too, with no reaper installed ------------------
 def test_a_scheduled_run_started_by_hand_is_watched_and_stopped_for_max_cost_within_seconds(orch_home, tmp_path):
-    orch_home.mkdir(mode=0o700)
-    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 0.5\n")
+    configure(orch_home, "local", {"price_per_hour": 0.5})
     task = write(tmp_path / "task.yml", """
         name: capped
         resources: {cpu: true}
