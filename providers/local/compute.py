@@ -85,7 +85,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
         (root / "authorized_keys").write_text(public_key.strip() + "\n")
         os.chmod(root / "authorized_keys", 0o600)
         host = address(parsed[0])
-        env = self._instance_env(request, root / "home")
+        env = {**self._instance_env(request), **self._python_env(root / "home")}
         meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
                 "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
         self._save(provider_id, meta)
@@ -233,7 +233,8 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
         except (RuntimeError, OSError) as e:
             raise ProviderError(f"local instance {provider_id}: {e}") from None
 
-    def _instance_env(self, request: Request, home: Path) -> dict[str, str]:
+    @staticmethod
+    def _python_env(home: Path) -> dict[str, str]:
         # The instance reuses the controller's packages (its torch and LibreYOLO) rather than
         # download gigabytes again, through a Python of its own that installs into itself
         # (``python``); provisioning checks it works like any other Python.
@@ -242,8 +243,10 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             raise ProviderError(f"local instance {home.parent.name}: {e}") from None
         bindir = str(Path(sys.executable).parent)  # the controller's console scripts (torchrun, accelerate)
-        env = {"ORCH_PYTHON": str(python), "PATH": f"{python.parent}:{bindir}:/usr/local/bin:/usr/bin:/bin",
-               "ORCH_PROVIDER": "local"}
+        return {"ORCH_PYTHON": str(python), "PATH": f"{python.parent}:{bindir}:/usr/local/bin:/usr/bin:/bin"}
+
+    def _instance_env(self, request: Request) -> dict[str, str]:
+        env = {"ORCH_PROVIDER": "local"}
         if request.cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif request.group:  # each node its own share of the GPUs: NCCL refuses one GPU seen by two ranks
