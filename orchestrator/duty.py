@@ -35,7 +35,36 @@ def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | N
         advanced.extend(jobs.advance_all(orch))
         advanced.extend(scheduling.run_due(orch, now() if now else None))
 
-    return reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs), advanced
+    outcomes = reaper.reap(orch, dry_run=dry_run, force=force, parallel=parallel, after=advance_jobs)
+    if advanced and not dry_run:
+        outcomes = as_left(orch, outcomes)
+    if advanced and not dry_run and not any("watched" in d for d in advanced):  # a run started said its own
+        # A job left active (a scheduled run just started, one nobody watched) is watched from now
+        # on, not at the next pass: with no reaper installed that pass may never come.
+        from orchestrator import watcher
+
+        line = watcher.ensure_active(orch)
+        if line:
+            orch.say(line)
+    return outcomes, advanced
+
+
+def as_left(orch, outcomes: list) -> list:
+    """The pass's outcomes as its jobs' step left the fleet: the fleet is looked at before the jobs
+    move, so a machine a job ended in this pass showed `ready keep`, and one a job made (a
+    schedule's run just launched) was missing, the table saying `no live instances`."""
+    from orchestrator import states
+
+    live = {i.id: i for i in orch.ledger.instances(live_only=True)}
+    for o in outcomes:
+        if o.instance_id and o.instance_id not in live and o.state in states.LIVE:
+            row = orch.ledger.get(o.instance_id)
+            if row is not None and row.state not in states.LIVE:
+                o.state, o.action, o.reason = row.state, "job", "its job ended it in this pass"
+    seen = {o.instance_id for o in outcomes}
+    outcomes += [reaper.Outcome(i.name, i.provider, i.state, "job", "made for a job in this pass",
+                                instance_id=i.id) for i in live.values() if i.id not in seen]
+    return outcomes
 
 
 def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> None:
@@ -49,6 +78,8 @@ def show_pass(outcomes: list, advanced: list, dry_run: bool, as_json: bool) -> N
     sys.stdout.write(reaper.table(outcomes, dry_run))
     for j in advanced:
         print(f"job {j['name']}: {j['state']}" + (f" ({clean(j['reason'], 1000)})" if j["reason"] else ""), flush=True)
+        if j.get("watched"):
+            print(j["watched"], file=sys.stderr, flush=True)
 
 
 def fast(dry_run: bool, as_json: bool) -> None:

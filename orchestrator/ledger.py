@@ -445,6 +445,24 @@ class Ledger:
         with self.session(write=False) as s:
             return s.exec(select(Job).where(Job.name == name).order_by(Job.created_at.desc())).first()
 
+    def remove_jobs(self, name: str, ended: Iterable[str]) -> list[Job]:
+        """Every job of that name and its attempts, gone from the ledger (a schedule's occurrence
+        that launched one keeps its own row, no longer linked); refused while one is not ``ended``."""
+        with self.session() as s:
+            rows = list(s.exec(select(Job).where(Job.name == name)))
+            busy = [j for j in rows if j.state not in tuple(ended)]
+            if busy:
+                raise UsageError(f"job {name} is {busy[0].state}: `orch jobs cancel {name}` first")
+            ids = [j.id for j in rows]
+            if ids:
+                from sqlalchemy import bindparam
+
+                for sql in ("UPDATE schedule_runs SET job_id = NULL WHERE job_id IN :ids",
+                            "DELETE FROM attempts WHERE job_id IN :ids", "DELETE FROM jobs WHERE id IN :ids"):
+                    s.execute(text(sql).bindparams(bindparam("ids", expanding=True)), {"ids": ids})
+                s.commit()
+            return rows
+
     def get_job(self, job_id: str) -> Job | None:
         with self.session(write=False) as s:
             return s.get(Job, job_id)

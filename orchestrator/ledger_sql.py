@@ -62,6 +62,25 @@ def jobs_in(job_states: tuple[str, ...], url: str | None = None) -> list[str]:
     return [r["name"] for r in _sqlalchemy(url, query, ("name",), {"states": list(job_states)})]
 
 
+# What shell completion offers for a NAME argument that is not an instance: our own queries.
+_NAMES = {"jobs": "SELECT DISTINCT name FROM jobs",
+          "schedules": "SELECT name FROM schedules",
+          "volumes": f"SELECT name FROM volumes WHERE state != '{states.VOLUME_DELETED}'"}
+
+
+def names(table: str, url: str | None = None) -> list[str]:
+    """The names of the jobs, schedules or volumes (not deleted) in the ledger, sorted; [] where
+    there is no ledger yet."""
+    query = _NAMES[table]
+    url = url or config.database_url()
+    if url.startswith("sqlite"):
+        db = config.sqlite_path(url)
+        rows = _sqlite(db, query, ("name",)) if db is not None else []
+    else:
+        rows = _sqlalchemy(url, query, ("name",))
+    return sorted({r["name"] for r in rows})
+
+
 def set_meta(db: Path, key: str, value: str) -> bool:
     """``Ledger.set_meta`` on a SQLite ledger that exists, with the standard library: a reaper pass
     that changed nothing records itself without importing SQLAlchemy (0.3 s of CPU, bench/fleet.py).

@@ -122,7 +122,7 @@ class Outcome:
     name: str
     provider: str
     state: str
-    action: str  # keep, stop, destroy, report, skip, gone, error
+    action: str  # keep, stop, destroy, report, skip, gone, error; job (``duty``: what its jobs did in the pass)
     reason: str
     saved_hr: float = 0.0
     acted: bool = False

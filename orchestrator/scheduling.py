@@ -4,8 +4,8 @@ and what a late pass does, is ``cron``'s (pure); this module reads the clock's a
 ledger (``ledger_schedules``) and starts each run through the one path in, ``jobs.submit``.
 
 A run is an ordinary job named ``NAME-YYYYMMDD-HHMM`` (the occurrence in the schedule's zone):
-watched, relaunched and capped like any. It runs what the schedule fixed when it was added: the
-task's job spec and the snapshot of its workdir (``$ORCH_HOME/schedules/workdir-HASH.tar``, put
+watched (``watcher.ensure``, as ``orch run`` does), relaunched and capped like any. It runs what
+the schedule fixed when it was added: the task's job spec and the snapshot of its workdir (``$ORCH_HOME/schedules/workdir-HASH.tar``, put
 in orch's cache under its name for the job to send).
 
 - **One at a time.** A pass holds the schedule's claim while it decides and launches (two reapers
@@ -351,8 +351,15 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     when = f"{c.local(row.occurrence):%Y-%m-%d %H:%M %Z}"
     job = note(orch, got.job, f"a run of schedule {s.name} (its occurrence {when})", say=False)
     said = f"{st.reason}; " if st.reason else ""
-    return end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
+    done = end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
                usd=estimate(got.choice, sub), job_state=job.state)
+    if job.state in jobs.ACTIVE:
+        # Watched from now on, as `orch run` watches its job: --max-cost, completion, pulls and
+        # teardown within seconds, not at a next pass that may never come (no reaper installed).
+        from orchestrator import watcher
+
+        done["watched"] = watcher.ensure(orch, job.name)
+    return done
 
 
 def estimate(choice, sub) -> float | None:
@@ -431,10 +438,11 @@ def describe(orch, s) -> dict:
     def occ(r) -> str:
         return c.local(r.occurrence).isoformat()
 
+    nxt, waits = _next_run(orch, s, c, waiting)
     return {"name": s.name, "cron": s.cron, "tz": s.tz, "window": s.window, "max_price": s.max_price,
             "max_cost": s.max_cost, "overlap": s.overlap, "misfire": s.misfire, "paused": s.paused,
             "task_file": s.task_file, "snapshot": s.snapshot,
-            "next_run": (c.local(waiting.occurrence) if waiting else c.local(s.due_at)).isoformat(),
+            "next_run": c.local(nxt).isoformat(), "waits": waits,
             "last_run": None if launched is None else {
                 "name": launched.name, "occurrence": occ(launched), "state": job.state if job else launched.state,
                 "reason": job.reason if job else launched.reason, "price_hr": launched.price_hr, "usd": launched.usd},
@@ -443,3 +451,25 @@ def describe(orch, s) -> dict:
                 "price_hr": skipped.price_hr, "usd": skipped.usd, "at": iso(skipped.updated_at)},
             "waiting": None if waiting is None else {"name": waiting.name, "occurrence": occ(waiting),
                                                      "reason": waiting.reason}}
+
+
+def _next_run(orch, s, c: cron.Cron, waiting, now: datetime | None = None) -> tuple[datetime, str | None]:
+    """(when its next run starts, what it waits for, if anything): an occurrence a pass left
+    waiting, one held until its window opens (the window's opening, not the past occurrence), or
+    one already due that the next reaper pass starts."""
+    from orchestrator import reaper_timer
+
+    now = cron.utc(now or utcnow())
+    due = cron.utc(waiting.occurrence if waiting is not None else s.due_at)
+    if waiting is not None:
+        return due, waiting.reason
+    if s.paused or due > now:
+        return due, None
+    if s.window:
+        opens, _ = cron.window_of(cron.parse_window(s.window), c.tz, due)
+        if now < opens:
+            return opens, (f"the run of {c.local(due):%Y-%m-%d %H:%M %Z} waits for its window {s.window}: the first "
+                           f"reaper pass after {c.local(opens):%H:%M %Z} starts it")
+    pass_ = "the next reaper pass starts it" if reaper_timer.installed(orch.ledger) else \
+        "no reaper is installed: `orch reap` (or `orch reaper install`) starts it"
+    return due, f"due since {c.local(due):%Y-%m-%d %H:%M %Z}: {pass_}"

@@ -12,6 +12,10 @@ and destroyed) every few seconds, sooner when a job's checkpoint copy falls due 
 and exits once no job is active. A scheduled reaper does the same on its own timer (``duty``): with
 one installed, no watcher is started.
 
+Every job gets it, whatever started it: ``orch run`` (``ensure``), a schedule's run (``scheduling``:
+``orch schedule run`` and a reaper pass's due runs) and any pass by hand that leaves a job active
+(``duty``, ``ensure_active``). These are the only places it is started.
+
 One watcher per ledger: it holds the claim ``watcher:jobs`` (``claims``: a lock that dies with its
 process) while it runs, and a second one exits at once. Each job is still advanced under its own
 claim (``job:NAME``, a compare-and-set): the watcher, a reaper pass, ``orch jobs show`` and
@@ -89,6 +93,17 @@ def ensure(orch, name: str) -> str:
     pid = spawn(orch.home)
     return (f"orch: job {name} is watched by a detached watcher (pid {pid}, log {log_path(orch.home)}): it copies "
             "checkpoints, relaunches a lost machine and ends the job, and exits when no job is active")
+
+
+def ensure_active(orch) -> str | None:
+    """After anything that may have left a job active without a watcher (a reaper pass run by
+    hand, a schedule's run, a job submitted while ``ORCH_WATCHER`` was off in another shell): the
+    watcher started where a job is active and nothing watches; the line saying so, else None."""
+    if not _active(orch) or watching(orch) or not enabled():
+        return None
+    pid = spawn(orch.home)
+    return (f"orch: the active jobs are watched by a detached watcher (pid {pid}, log {log_path(orch.home)}): "
+            "it exits when no job is active")
 
 
 def spawn(home: Path) -> int:

@@ -72,6 +72,30 @@ def test_completion_offers_instance_names_fast_and_without_sqlalchemy(orch_home)
     assert out.split()[:2] == ["alpha", "box1"]
 
 
+def test_completion_offers_names_to_every_command_that_takes_one(orch_home, tmp_path):
+    """`exec`, `jobs show/logs/cancel/rm`, `schedule rm/pause/resume/run`, `volume rm` (issue 55, 8)."""
+    from orchestrator import ledger_volumes
+
+    ledger = open_orch().ledger
+    inst = ledger.create_instance(name="box1", provider="local", label="", cpu_only=True, gpus=0)
+    for state in (states.PROVISIONING, states.READY):
+        ledger.transition(inst.id, state, reason="test")
+    for name in ("tiny-ft", "tiny-ft2", "other"):
+        ledger.create_job(("planned", "running", "recovering"), name=name, state="completed")
+    ledger_volumes.create(ledger, name="hfc", provider="local", size_gb=1)
+    task = tmp_path / "task.yaml"
+    task.write_text("name: nightly\nresources: {cpu: true}\nrun: echo hi\n")
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
+
+    assert complete("orch exec ").stdout.split() == ["box1"]
+    for verb in ("show", "logs", "cancel", "rm"):
+        assert complete(f"orch jobs {verb} tiny").stdout.split() == ["tiny-ft", "tiny-ft2"], verb
+    for verb in ("rm", "pause", "resume", "run"):
+        assert complete(f"orch schedule {verb} ").stdout.split() == ["nightly"], verb
+    assert complete("orch volume rm ").stdout.split() == ["hfc"]
+    assert complete("orch volume create ").stdout.split() == [], "create names a new one"
+
+
 def test_completion_without_a_ledger_offers_nothing_and_makes_nothing(orch_home):
     proc = complete("orch ssh ")
     assert proc.returncode == 0 and proc.stdout.split() == [] and proc.stderr == ""

@@ -1,5 +1,5 @@
-"""`orch run --dry-run` checks what the launch checks (a name whose files are there, spot where the
-provider has none: the same one line, exit 2), warns of a secret not set now (the launch refuses
+"""`orch run --dry-run` checks what the launch checks (spot where the provider has none: the same one
+line, exit 2; a name whose files are there: said, and the plan shown), warns of a secret not set now (the launch refuses
 it), and with no provider key shows the list prices orch ships, dated and marked as such."""
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ def test_a_dry_run_refuses_what_the_launch_refuses_in_the_same_line(orch_home):
     taken = orch_home / "runs" / "taken"
     taken.mkdir(parents=True)
     (taken / "train.log").write_text("an earlier job's files\n")
-    for args, says in ((("taken", "--provider", "local", "--cpu"), "already holds a job's files"),
-                       (("x", "--provider", "local", "--spot"), "local has no spot instances"),
+    # A name whose files are here: the launch refuses it; the dry run plans, and says so (issue 55, 4).
+    launch = run_orch("run", "taken", "--provider", "local", "--cpu", "--", "true", check=2).stderr
+    assert launch.count("\n") == 1 and "already holds job taken's files" in launch and "--replace" in launch
+    dry = run_orch("run", "taken", "--provider", "local", "--cpu", "--dry-run", "--", "true", check=0)
+    assert f"warning: the launch would be refused: {launch.removeprefix('orch: error: ')}" in dry.stderr, dry.stderr
+    assert "dry run: nothing rented, nothing recorded" in dry.stdout
+    for args, says in ((("x", "--provider", "local", "--spot"), "local has no spot instances"),
                        (("x", "--provider", "local", "--cpu", "--spot"), "local has no spot instances")):
         dry = run_orch("run", *args, "--dry-run", "--", "true", check=2).stderr
         launch = run_orch("run", *args, "--", "true", check=2).stderr

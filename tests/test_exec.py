@@ -100,8 +100,26 @@ def test_exec_refuses_what_it_cannot_run_on_in_one_line(orch_home, tmp_path):
              (("exec", "nobox", "--", "true"), "no live instance named 'nobox'"),
              (("exec", "held"), "nothing to run"),
              (("exec", "Bad_Name", "--", "true"), "invalid name")]
+    cases += [(("exec", "held", "--output", "../etc/passwd", "--", "true"), "--output: output '../etc/passwd' leaves"),
+              (("exec", "held", "--detach", "--output", "a.txt", "--", "true"), "--output brings files home")]
     for args, says in cases:
         err = run_orch(*args, check=2).stderr
         assert err.count("\n") == 1 and says in err, (args, err)
     assert machines() == [("held", "ready")] and orch.ledger.latest_run(inst.id) is None, "nothing was started"
     orch.down(inst, "test over")
+
+
+def test_exec_output_brings_files_home_verified_without_a_task_file(orch_home):
+    """`orch exec NAME --output PATH` (repeatable): no task file needed to bring a file home (issue 55, 8)."""
+    import hashlib
+
+    arrange(open_orch(), "box")
+    proc = run_orch("exec", "box", "--output", "report.txt", "--output", "plots", "--output", "never.txt", "--",
+                    "sh", "-c", "echo findings > report.txt; mkdir -p plots; head -c 4096 /dev/urandom > plots/a.bin; "
+                    "sha256sum plots/a.bin", check=0)
+    home = orch_home / "runs" / "box"
+    assert (home / "report.txt").read_text() == "findings\n"
+    [digest] = [w for line in proc.stdout.splitlines() if line.endswith("plots/a.bin") for w in line.split()[:1]]
+    assert hashlib.sha256((home / "plots" / "a.bin").read_bytes()).hexdigest() == digest, "the very bytes"
+    assert "output(s) not found on box: never.txt" in proc.stderr, proc.stderr
+    assert machines() == [("box", "ready")]

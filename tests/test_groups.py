@@ -332,3 +332,25 @@ def test_a_sibling_the_same_pass_is_stopping_is_not_busy_but_an_unreadable_ready
     monkeypatch.setattr(reaper, "look", unreadable)
     with pytest.raises(OrchError, match="cut short"):
         reaper._group_busy(orch, orch.ledger.get(head.id), idle)
+
+
+def test_a_groups_hourly_price_counts_the_nodes_that_bill_not_one_it_replaced(orch_home):
+    """`orch status --all` after a node was replaced: the lost row is listed, its price not summed (issue 55, 8)."""
+    from orchestrator import states
+    from orchestrator.lifecycle import Orch
+
+    ledger = Orch.open(say=lambda m: None).ledger
+    group = dict(provider="local", label="", cpu_only=True, gpus=0, price_hr=1.0, group_id="grp1", group_name="g-a1",
+                 group_size=2)
+    rows = [ledger.create_instance(name="g-a1-0", node_rank=0, **group),
+            ledger.create_instance(name="g-a1-1", node_rank=1, **group)]
+    for inst in rows:
+        for state in (states.PROVISIONING, states.READY):
+            ledger.transition(inst.id, state, reason="test")
+    ledger.transition(rows[1].id, states.LOST, reason="test: lost")
+    fresh = ledger.create_instance(name="g-a1-1", node_rank=1, **group)
+    for state in (states.PROVISIONING, states.READY):
+        ledger.transition(fresh.id, state, reason="test")
+    shown = run_orch("status", "--all", check=0).stdout
+    [line] = [x for x in shown.splitlines() if x.startswith("g-a1 ")]
+    assert "2 nodes  2.000" in line, shown

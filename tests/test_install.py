@@ -167,3 +167,12 @@ def test_installing_orch_shows_no_setuptools_editable_note(tmp_path):
     where = subprocess.run([python, "-c", "import orchestrator; print(orchestrator.__file__)"], capture_output=True,
                            text=True, cwd=tmp_path, check=True).stdout
     assert where.startswith(str(checkout)), where
+
+
+def test_the_readme_names_every_extra_pyproject_offers():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in extras if name != "test" and f"orch-gpu[{name}]" not in readme]
+    assert missing == [], f"README's install section does not name the extras {missing}"

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tests.clouds import local_billing, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
+from tests.clouds import configure, local_billing, runpod, wait_for  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import ROOT, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401  (fixtures)
 from tests.racers import race
@@ -77,7 +77,6 @@ def occurrences(orch, name: str) -> list:
     (["--cron", "0 2 * * *", "--window", "22:00-25:00"], "--window takes HH:MM-HH:MM"),
     (["--cron", "0 2 * * *", "--max-cost", "-1"], "--max-cost is a $ amount of 0 or more"),
     (["--cron", "0 2 * * *", "--overlap", "never"], "--overlap is one of skip, queue"),
-    (["--cron", "0 2 * * *", "--max-price", "1"], "a CPU-only task"),
     ([], "needs --cron EXPR"),
 ])
 def test_bad_input_is_one_line_naming_what_is_wrong_exit_2_and_nothing_stored(orch_home, tmp_path, args, says):
@@ -704,3 +703,47 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
     for th in threads:
         th.join(timeout=120)
     assert sorted(answers) == [False] * 5 + [True], answers
+
+
+# -- issue 55, 7: a CPU task's known price, the limits shown, a run held for its window ----------------
+def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_shows_the_limits(orch_home, tmp_path):
+    configure(orch_home, "local", {"price_per_hour": 0.5})
+    task = write(tmp_path / "task.yaml", """
+        name: cpu
+        resources: {cpu: true}
+        run: echo hi
+        """)
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.1", "--max-cost", "2", check=0)
+    ran = run_orch("schedule", "run", "cpu", check=1)
+    assert ": skipped" in ran.stdout and "$0.5000/hr is over --max-price $0.1; nothing rented" in ran.stdout, ran.stdout
+    assert reaper().ledger.jobs() == [] and local_billing(orch_home) == set(), "nothing rented"
+    listed = run_orch("schedule", "ls", check=0).stdout
+    assert "limits     --max-price $0.1/hr, --max-cost $2" in listed, listed
+    run_orch("schedule", "add", "at-price", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.5", check=0)
+    ran = run_orch("schedule", "run", "at-price", check=0)
+    assert ": running" in ran.stdout and "at $0.5000/hr" in ran.stdout, ran.stdout
+    until_ended(reaper(), ran.stdout.split(":")[0], datetime.now(UTC))
+
+
+def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(orch_home, tmp_path):
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    opens = now + timedelta(hours=2)
+    window = f"{opens:%H:%M}-{opens + timedelta(hours=1):%H:%M}"
+    task = write(tmp_path / "task.yaml", """
+        name: late
+        resources: {cpu: true}
+        run: echo hi
+        """)
+    run_orch("schedule", "add", "-f", task, "--cron", "* * * * *", "--window", window, check=0)
+    from orchestrator import ledger_schedules as ls
+    from orchestrator import scheduling
+
+    orch = reaper()
+    ls.change(orch.ledger, schedule(orch, "late").id, due_at=now)  # due this minute, not a wait for the next
+    assert scheduling.run_due(orch) == [], "held: its window has not opened"
+    shown = json.loads(run_orch("schedule", "ls", "--json", check=0).stdout)[0]
+    assert datetime.fromisoformat(shown["next_run"]) == opens, shown
+    assert f"waits for its window {window}" in shown["waits"], shown
+    listed = run_orch("schedule", "ls", check=0).stdout
+    assert f"(waits: the run of" in listed and f"after {opens:%H:%M} UTC starts it" in listed, listed
+    assert orch.ledger.jobs() == []

@@ -48,32 +48,40 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text.strip())
 
 
-# Commands whose NAME argument is an existing instance (`up` names a new one, `jobs` names jobs).
+# Commands whose NAME argument names something the ledger holds (`up` names a new instance), and
+# what: live instances, jobs, schedules, volumes.
 INSTANCE_COMMANDS = frozenset({"status", "ssh", "stop", "start", "down", "pull", "logs", "monitor", "trial", "cost",
-                               "protect", "unprotect"})
+                               "protect", "unprotect", "exec"})
+NAMED = {**{(c,): "instances" for c in INSTANCE_COMMANDS},
+         **{("jobs", c): "jobs" for c in ("show", "logs", "cancel", "rm")},
+         **{("schedule", c): "schedules" for c in ("rm", "pause", "resume", "run")},
+         ("volume", "rm"): "volumes"}
 
 
-def instance_names(incomplete: str) -> list[str]:
-    """Names of live instances that start with ``incomplete``, for shell completion, through
-    ``ledger_sql`` (a SQLite ledger with the standard library: a Tab must answer at once);
-    nothing when they cannot be read."""
+def names(what: str, incomplete: str) -> list[str]:
+    """Names of ``what`` (live instances, jobs, schedules, volumes) that start with ``incomplete``,
+    for shell completion, through ``ledger_sql`` (a SQLite ledger with the standard library: a
+    Tab must answer at once); nothing when they cannot be read."""
     try:
         from orchestrator import ledger_sql
 
-        names = sorted({row["name"] for row in ledger_sql.live(("name",))})
+        found = sorted({row["name"] for row in ledger_sql.live(("name",))}) if what == "instances" else \
+            ledger_sql.names(what)
     except Exception:  # noqa: BLE001 - a completion never prints an error into the user's prompt
         return []
-    return [n for n in names if n.startswith(incomplete)]
+    return [n for n in found if n.startswith(incomplete)]
 
 
-def complete_instance_names(command) -> None:
-    """Give each instance command's NAME argument the ledger's names as completions."""
+def complete_names(command, path: tuple[str, ...] = ()) -> None:
+    """Give each command's NAME argument (``NAMED``) the ledger's names as completions."""
     for name, sub in getattr(command, "commands", {}).items():
-        if name in INSTANCE_COMMANDS:
+        what = NAMED.get((*path, name))
+        if what is not None:
             for param in sub.params:
                 if param.name in ("name", "names") and param.param_type_name == "argument":
                     # click's hook for a parameter's completions (what Typer's autocompletion= sets)
-                    param._custom_shell_complete = lambda ctx, param, incomplete: instance_names(incomplete)
+                    param._custom_shell_complete = lambda ctx, param, incomplete, what=what: names(what, incomplete)
+        complete_names(sub, (*path, name))
 
 
 def instance_named(orch, name: str, node: int | None = None):

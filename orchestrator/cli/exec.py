@@ -7,8 +7,8 @@ or group NAME, recorded as that instance's run: ``orch logs NAME`` and ``orch st
 it. What the machine already has is reused: without a workdir the command runs in the one the
 last command left; ``setup:`` runs only with ``--setup`` (once per machine: one that already ran
 there is not run again). It waits by default, printing the output, brings the log (and a task's
-outputs) home to ``$ORCH_HOME/runs/NAME`` and exits with the command's code; ``--detach`` returns
-once it started. The machine stays up when the command ends: its own idle policy applies.
+outputs, and each ``--output PATH``) home to ``$ORCH_HOME/runs/NAME``, verified, and exits with the
+command's code; ``--detach`` returns once it started. The machine stays up when the command ends: its own idle policy applies.
 """
 
 from __future__ import annotations
@@ -46,13 +46,20 @@ def exec_(
                                                                   "working directory (in place of the last one)."),
     workdir_max_mb: Optional[float] = task_run.workdir_max_mb_option(),
     allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
+    output: Optional[List[str]] = typer.Option(None, "--output", "-o", help="A file or folder (relative to the "
+                                               "working directory) brought home verified when the command ends "
+                                               "(repeatable; added to a task's outputs)."),
 ):
     """Run a command on a machine of yours that is up: no new rental, its setup reused; the output
     printed and the command's exit code returned (--detach: it goes on alone)."""
     from orchestrator.lifecycle import check_name
 
     check_name(name)  # before anything is opened: a refusal creates no ledger
-    cmd = _command_spec(file, command, env or [], secret or [], workdir, setup, allow_secret or [], workdir_max_mb)
+    if output and detach:
+        raise UsageError("--output brings files home when the command ends, which --detach does not wait for: "
+                         "one or the other")
+    cmd = _command_spec(file, command, env or [], secret or [], workdir, setup, allow_secret or [], workdir_max_mb,
+                        output or [])
     orch = open_orch()
     nodes, run = start(orch, name, cmd, frozenset(allow_secret or []))
     head = nodes[0]
@@ -74,7 +81,7 @@ def exec_(
 
 
 def _command_spec(file, command, env: list[str], secret: list[str], workdir: str | None, setup: bool,
-                  allow: list[str] = (), max_mb: float | None = None):
+                  allow: list[str] = (), max_mb: float | None = None, output: list[str] = ()):
     """The command to run, checked as `orch run` checks a task's (every refusal one line, exit 2)."""
     import shlex
 
@@ -98,6 +105,10 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
     if setup and not t.setup:
         raise UsageError(f"{where}: --setup, but the task has no setup:")
     base = task_run.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb)
+    for o in output:  # checked as a task's outputs are: inside the working directory
+        task.under_workdir(o, "output", "--output")
+    if output:
+        t.outputs = list(dict.fromkeys([*t.outputs, *output]))
     task.check(t, path, lines)
     task_run._say_translation(path, lines)
     given = t.model_dump(exclude_unset=True)

@@ -22,7 +22,7 @@ from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
 
-jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs.",
+jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs, rm.",
                        invoke_without_command=True)
 app.add_typer(jobs_app, name="jobs")
 
@@ -58,7 +58,11 @@ def run(
     retries: int = typer.Option(3, help="Relaunches after a lost attempt (or a launch that failed)."),
     keep: bool = typer.Option(False, "--keep", help="On completion stop the instance instead of destroying it, "
                                                     "where the provider can."),
-    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running)."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running once its "
+                                                    "work started; before, it cancels the job)."),
+    replace: bool = typer.Option(False, "--replace", help="Reuse the name of an ended job: its row and its files "
+                                                          "are removed once the new plan holds (never a running "
+                                                          "job's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
     **options,
 ):
@@ -70,16 +74,17 @@ def run(
     if file is not None or command or env or secret or workdir or allow_secret:
         got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
                                max_hours, retries, keep, {**options, "allow_secret": allow_secret or [],
-                                                          "workdir_max_mb": workdir_max_mb})
+                                                          "workdir_max_mb": workdir_max_mb, "replace": replace})
         if isinstance(got, task_run.Training):
             name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
             retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
+            options.pop("replace", None)
         else:
             sub = got
     else:
         max_price = None
     if sub is None:
-        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options)
+        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run, replace)
     _check_caps(sub)
     _submit(sub, dry_run, wait, as_json)
 
@@ -94,7 +99,7 @@ def _after_dashes(name, command):
     return name, command
 
 
-def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options):
+def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run=False, replace=False):
     """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
     from dataclasses import replace
 
@@ -125,19 +130,23 @@ def _training(name, provider, max_cost, max_hours, retries, keep, max_price, opt
         first.require_credentials()
     folder = config.home() / "runs" / name
     if spec.resume:
+        if replace:
+            raise UsageError("--resume continues from the run's files, --replace removes them: one or the other")
         if not (folder / "weights" / "last.pt").is_file():
             raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
         instances.refuse_reached(folder, spec.epochs)
         checkpoint_vet.refuse_unsafe(folder / "weights" / "last.pt")
-    elif folder.is_dir() and any(folder.iterdir()):
-        raise UsageError(f"{folder} already holds a run's files: name the job otherwise, or add --resume to continue "
-                         "from its weights/last.pt")
+    else:
+        from orchestrator.jobs.record import refuse_taken
+
+        refuse_taken(config.home(), name, dry_run, replace, say)  # --resume continues from them instead
     ssh_timeout = options["ssh_timeout"]
     js = jobs.JobSpec(kind="train", work=spec, request=request, providers=providers or None,
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, nodes=nodes,
                       max_price=max_price, volumes=volume_mounts.for_flags(options.get("volume"), nodes, named))
     return jobs.Submission(name, js, max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep,
-                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None)
+                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None,
+                           replace=replace)
 
 
 def _check_caps(sub) -> None:
@@ -175,9 +184,14 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
         if wait and job.state in jobs.ACTIVE:
             job = job_views.follow(orch, job)
     except KeyboardInterrupt:
-        if orch.ledger.job(sub.name) is None or dry_run:
+        job = orch.ledger.job(sub.name)
+        if job is None or dry_run:
             raise  # nothing recorded yet: nothing goes on
-        say(f"\norch: the job goes on: `orch jobs show {sub.name}` follows it, `orch jobs cancel {sub.name}` stops it")
+        if job.state in jobs.ACTIVE and not _started(orch, job):
+            _cancel_unstarted(orch, job)
+            sys.exit(130)
+        say(f"\norch: its command has started, so the job goes on: `orch jobs show {sub.name}` follows it, "
+            f"`orch jobs cancel {sub.name}` stops it")
         say(_watched(orch, sub.name))
         sys.exit(130)
     watched = _watched(orch, job.name) if job.state in jobs.ACTIVE else None  # nobody follows it from here
@@ -186,6 +200,30 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
         say(watched)  # what does: the watcher (started first, so it looks while this prints) or the reaper
     if job.state == jobs.FAILED:
         sys.exit(1)
+
+
+def _started(orch, job) -> bool:
+    """Whether an attempt of the job ever got its work started (a Ctrl-C after that leaves the job
+    running; before it, nothing the user asked for runs yet)."""
+    from orchestrator.jobs.states import ATTEMPT_DONE, ATTEMPT_RUNNING, LOST
+
+    return any(a.state in (ATTEMPT_RUNNING, ATTEMPT_DONE, LOST) for a in orch.ledger.attempts(job.id))
+
+
+def _cancel_unstarted(orch, job) -> None:
+    """A Ctrl-C during the first bring-up: the job is cancelled and what was rented ends (its
+    bring-up already destroyed what it made), so no watcher rents a second attempt for it. A
+    second Ctrl-C while this runs is held: what it ends must not be left billing."""
+    from orchestrator import jobs, parallel
+
+    say(f"\norch: interrupted before job {job.name}'s command started: cancelling it")
+    with parallel.ctrl_c_held():
+        try:
+            job = jobs.cancel(orch, job)
+        except UsageError:  # it ended meanwhile
+            job = orch.ledger.get_job(job.id)
+    say(f"orch: job {job.name}: {job.state}; nothing of it is left rented"
+        if job.state == jobs.CANCELLED else f"orch: job {job.name}: {job.state}")
 
 
 def _cpu_by_default(providers: list[str], options: dict) -> bool:
@@ -331,6 +369,30 @@ def jobs_cancel(name: str):
     orch = open_orch()
     job = jobs.cancel(orch, _job(orch, name))
     out(f"job {job.name}: {job.state}")
+
+
+@jobs_app.command("rm")
+def jobs_rm(name: str, yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal).")):
+    """Remove an ended job: its row in the ledger and its files at home (weights, outputs, checkpoint
+    copies); its name is free again. Refused while it runs (`orch jobs cancel` first)."""
+    from orchestrator import jobs
+    from orchestrator.jobs.record import files_of, forget
+
+    jobs.check_job_name(name)  # before anything is opened: a refusal creates no ledger
+    orch = open_orch()
+    job = _job(orch, name)
+    if job.state in jobs.ACTIVE:
+        raise UsageError(f"job {name} is {job.state}: `orch jobs cancel {name}` first")
+    held = files_of(orch.home, name)
+    if not yes:
+        what = f"job {name} ({job.state})" + (f" and {', '.join(map(str, held))}" if held else "")
+        if not sys.stdin.isatty():
+            raise UsageError(f"removing {what} loses its files: add --yes to remove without asking (no terminal to "
+                             "ask on)")
+        if not typer.confirm(f"remove {what}?", default=False, err=True):
+            raise UsageError("nothing removed")
+    rows, gone = forget(orch, name, jobs.ENDED)
+    out(f"job {name} removed ({len(rows)} row(s)" + (f"; {', '.join(map(str, gone))} deleted" if gone else "") + ")")
 
 
 @jobs_app.command("logs")

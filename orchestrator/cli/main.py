@@ -126,9 +126,9 @@ def run(call=None) -> None:
             return call()
         command = click_command()
         if os.environ.get("_ORCH_COMPLETE"):  # the shell asks for completions (Typer's scripts set this)
-            from orchestrator.cli.app import complete_instance_names
+            from orchestrator.cli.app import complete_names
 
-            complete_instance_names(command)
+            complete_names(command)
         interrupted = _watch_ctrl_c()
         code = command.main(standalone_mode=False, prog_name="orch")  # named "orch": completion keys on it
         if interrupted and code == 130:  # (a command that ends on Ctrl-C by design, `orch monitor`, returns None)

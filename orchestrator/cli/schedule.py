@@ -137,8 +137,8 @@ def add(
         sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], workdir, None, None,
                                None, 3, False, {"allow_secret": allow, "workdir_max_mb": workdir_max_mb})
     req = sub.spec.request
-    if price is not None and (req.cpu or req.offer):
-        what = "a CPU-only task" if req.cpu else "an offer given"
+    if price is not None and (req.cpu or req.offer) and _known_price(sub) is None:
+        what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
         raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known once "
                          "rented): drop it, or ask for a GPU")
 
@@ -169,6 +169,15 @@ def add(
             "`orch reap` pass by hand)")
 
 
+def _known_price(sub) -> float | None:
+    """A CPU task's $/hr where its provider knows it before renting (the local provider's)."""
+    from orchestrator import plugins
+    from orchestrator.jobs.plan import cpu_price
+
+    providers = sub.spec.providers or [plugins.default_provider()]
+    return cpu_price(providers[0], sub.spec.request)
+
+
 @schedule_app.command("ls")
 def ls_(as_json: bool = typer.Option(False, "--json", help="As JSON (name cron tz next_run last_run last_skip "
                                                            "paused ...).")):
@@ -187,8 +196,11 @@ def ls_(as_json: bool = typer.Option(False, "--json", help="As JSON (name cron t
     for d in rows:
         out(f"{d['name']}  {d['cron']}  {d['tz']}" + (f"  window {d['window']}" if d["window"] else "")
             + ("  PAUSED" if d["paused"] else ""))
-        out(f"  next run   {d['next_run']}" + (f" (waiting: {clean(d['waiting']['reason'], 200)})"
-                                               if d["waiting"] else ""))
+        limits = [f"--max-price ${d['max_price']:g}/hr" if d["max_price"] is not None else "",
+                  f"--max-cost ${d['max_cost']:g}" if d["max_cost"] is not None else ""]
+        if any(limits):
+            out(f"  limits     {', '.join(x for x in limits if x)}")
+        out(f"  next run   {d['next_run']}" + (f" (waits: {clean(d['waits'], 300)})" if d["waits"] else ""))
         last = d["last_run"]
         out(f"  last run   {last['name']}: {last['state']}" + (f" ({clean(last['reason'], 200)})" if last["reason"]
                                                                   else "") if last else "  last run   none")
@@ -257,5 +269,7 @@ def run(name: str):
     orch = open_orch()
     got = scheduling.run_now(orch, _schedule(orch, name))
     out(f"{got['name']}: {got['state']} ({clean(got['reason'], 400)})")
+    if got.get("watched"):
+        say(got["watched"])
     if got["state"] in ("skipped", "failed"):
         sys.exit(1)

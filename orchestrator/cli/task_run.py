@@ -208,9 +208,9 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
         providers = instances.group_providers(name, t.nodes, providers, request)
     if request.cpu or request.offer:  # nothing to rank: the provider that rents says now what it cannot (--cpu --spot)
         instances.renter(providers[0] if providers else plugins.default_provider()).validate(request)
-    runs = config.home() / "runs" / name
-    if runs.is_dir() and any(runs.iterdir()):  # a dry run says so too: the launch would refuse it
-        raise UsageError(f"{runs} already holds a job's files: name the job otherwise")
+    from orchestrator.jobs.record import refuse_taken
+
+    refuse_taken(config.home(), name, dry_run, options.get("replace", False), say)
     ssh_timeout = options.get("ssh_timeout")
     from orchestrator import volume_mounts
 
@@ -220,7 +220,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, options):
                       ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, max_price=res.max_price,
                       nodes=t.nodes, volumes=volumes, min_vram=res.min_vram, max_vram=res.max_vram)
     return jobs.Submission(name, js, max_cost=t.max_cost, max_hours=t.max_hours, retries=t.retries, keep=t.keep,
-                           disk_given=res.disk is not None,
+                           disk_given=res.disk is not None, replace=options.get("replace", False),
                            allowed_secrets=frozenset(options.get("allow_secret") or []))
 
 

@@ -626,7 +626,7 @@ def _stop_over_cap(orch, job, js: JobSpec, attempt, inst, run, why: str):
     attempt = _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
     _destroy_attempt(orch, job, inst, f"job {job.name}: {why}")
     return finish_job(orch, orch.ledger.get_job(job.id), FAILED,
-                      f"{why}: stopped at epoch {job.epoch or '?'}; what was pulled is in "
+                      f"{why}: {js.kind_of().stopped_at(job)}; what was pulled is in "
                       f"{weights_dir(orch.home, job.name)}" + _kept(orch, job, ", "))
 
 

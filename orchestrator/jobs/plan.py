@@ -45,8 +45,15 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
         if js.nodes > 1:
             what = f"a group of {js.nodes} x {what}"
-        return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)"
-                      + (f"; {placed}" if placed else ""))
+        price = cpu_price(provider, req)
+        if price is None:
+            return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)"
+                          + (f"; {placed}" if placed else ""))
+        price *= max(js.nodes, 1)
+        if js.max_price is not None and price > js.max_price:
+            raise NoCapacity(f"{provider}, {what}: ${price:.4f}/hr is over --max-price ${js.max_price:g}/hr")
+        return Choice(provider, req, f"{provider}, {what} at ${price:.4f}/hr (given, nothing to rank)"
+                      + (f"; {placed}" if placed else ""), price_hr=price)
     mode = "spot" if req.spot else "on-demand"
     work = kind.workload(js)  # None: ranked per hour
     query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,
@@ -85,6 +92,16 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
     return Choice(best.offer.provider, chosen, line, f"{best.offer.provider}/{best.offer.offer_id}", price, hours,
                   usd, answer)
+
+
+def cpu_price(provider: str, req: Request) -> float | None:
+    """A CPU-only instance's $/hr at ``provider`` where it is known before renting (the local
+    provider's configured price); None: known once rented."""
+    from orchestrator import config, plugins
+
+    if not req.cpu:
+        return None
+    return plugins.provider_class(provider)(config.provider_settings(provider)).cpu_price_hr(req)
 
 
 def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> None:

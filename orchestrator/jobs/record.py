@@ -184,6 +184,38 @@ def allowed_secrets(home: Path, job) -> frozenset:
     return frozenset(n for n in found["secrets"] if isinstance(n, str))
 
 
+def files_of(home: Path, name: str) -> list[Path]:
+    """The job's folders at home that hold something (its weights, its checkpoint copies)."""
+    return [d for d in (weights_dir(home, name), job_dir(home, name)) if d.is_dir() and any(d.iterdir())]
+
+
+def refuse_taken(home: Path, name: str, dry_run: bool, replace: bool, say) -> None:
+    """A new job's name whose files are at home: refused (a run of it would pull over them), except
+    with ``--replace`` (``forget`` clears them once the plan holds); a dry run says it and goes on
+    (nothing is pulled)."""
+    held = files_of(home, name) if not replace else []
+    if not held:
+        return
+    why = (f"{held[0]} already holds job {name}'s files: `orch run ... --replace` replaces that job, "
+           f"`orch jobs rm {name}` removes it, or name the job otherwise")
+    if not dry_run:
+        raise UsageError(why)
+    say(f"warning: the launch would be refused: {why}")
+
+
+def forget(orch, name: str, ended) -> tuple[list, list[Path]]:
+    """Every ended job named ``name`` gone: its rows, then its folders at home (refused while one is
+    still active); (the rows, the folders removed)."""
+    import shutil
+
+    check_job_name(name)
+    rows = orch.ledger.remove_jobs(name, ended)
+    held = files_of(orch.home, name)
+    for d in held:
+        shutil.rmtree(d)
+    return rows, held
+
+
 def checkpoint_dir(home: Path, name: str, epoch: int) -> Path:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise UsageError(f"a checkpoint copy is numbered, not {epoch!r}")

@@ -174,3 +174,4 @@ class Submission:
     # orch's own credentials handed to the command on purpose (``--allow-secret``, a schedule's
     # stored at `add`): kept at home for its relaunches (``record.allow_secrets``), never in the ledger
     allowed_secrets: frozenset = frozenset()
+    replace: bool = False  # an ended job of that name (its row, its files) is removed once the plan holds

@@ -12,9 +12,9 @@ from typing import Any
 from orchestrator.errors import UsageError
 from orchestrator.jobs import engine, record, resume_copy
 from orchestrator.jobs.plan import Choice, check_plan, plan
-from orchestrator.jobs.record import note
+from orchestrator.jobs.record import forget, note
 from orchestrator.jobs.spec import Submission
-from orchestrator.jobs.states import ACTIVE, PLANNED
+from orchestrator.jobs.states import ACTIVE, ENDED, PLANNED
 
 
 @dataclass
@@ -45,6 +45,11 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
         return Submitted(choice)
     if sub.max_cost is not None and choice.usd is None:
         orch.say(f"      no estimate for this offer: --max-cost ${sub.max_cost:g} is enforced while it runs")
+    if sub.replace:
+        rows, held = forget(orch, sub.name, ENDED)
+        if rows or held:
+            orch.say(f"replaces job {sub.name} ({', '.join(j.state for j in rows) or 'no row'}; its files "
+                     f"{', '.join(map(str, held)) or 'none'} removed)")
     job = _record(orch, replace(sub, spec=js), choice, time.monotonic() - t0)
     record.allow_secrets(orch.home, job, sub.allowed_secrets)
     return Submitted(choice, engine.start(orch, job, choice))

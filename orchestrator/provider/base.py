@@ -146,6 +146,11 @@ class Provider(ABC):
         (the wait then fails at once, and ``orch up`` destroys it); None: keep waiting."""
         return None
 
+    def cpu_price_hr(self, request: Request) -> float | None:
+        """What one CPU-only instance for ``request`` costs an hour, where it is known before
+        renting (a fixed price of this provider's); None: known once rented."""
+        return None
+
     def prices(self, remote: Remote) -> tuple[float, float]:
         """(running $/hr, stopped $/hr for the disk it keeps)."""
         return (remote.price_hr or 0.0, remote.stopped_price_hr or 0.0)

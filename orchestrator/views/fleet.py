@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+from orchestrator import states
+
 META_KEYS = ("reconcile:last_run", "reconcile:last_report")
 
 
@@ -81,8 +83,9 @@ def table(rows: list[dict]) -> str:
         nodes = sorted((n for n in rows if (n.get("group_name"), n.get("group_size")) == key and n["id"] not in done),
                        key=lambda n: n.get("node_rank") or 0)
         done |= {n["id"] for n in nodes}
+        billing = sum(n["price_hr"] or 0.0 for n in nodes if n["state"] in states.LIVE)  # not a node it replaced
         out.append((key[0], r["provider"], "/".join(sorted({n["state"] for n in nodes})), f"{key[1]} nodes",
-                    f"{sum(n['price_hr'] for n in nodes):.3f}", f"orch ssh {key[0]} --node R", age(r["created_at"])))
+                    f"{billing:.3f}", f"orch ssh {key[0]} --node R", age(r["created_at"])))
         out += [line(n, f"  {n['name']} (rank {n.get('node_rank')})") for n in nodes]
     return columns(("NAME", "PROVIDER", "STATE", "GPU", "$/HR", "SSH", "AGE"), out)
 

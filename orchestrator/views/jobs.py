@@ -78,7 +78,7 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
     """Each node of a group attempt (rank order), as the ledger has it: its instance's state, its
     run's, a command's exit code, a training's epoch (rank 0 reports it for the group, whose ranks
     move in step), since when it has not answered. [] for one machine."""
-    from orchestrator import groups
+    from orchestrator import groups, states
     from orchestrator.jobs.kinds.command import recorded_exit
 
     inst = orch.ledger.get(attempt.instance_id) if attempt is not None and attempt.instance_id else None
@@ -92,6 +92,8 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
         state = run.state if run is not None else None
         if code is not None:  # a node's exit is recorded on its run's args; only the head's row is read for its state
             state = "completed" if code == 0 else "failed"
+        elif state in ("starting", "running") and node.state not in states.LIVE:
+            state = "ended with its machine"  # a failed group's other nodes: their rows were never read again
         out.append({"rank": node.node_rank, "instance": node.name, "instance_state": node.state,
                     "run_state": state, "exit_code": code,
                     "epoch": job.epoch if kind is not None and kind.key == "train" else None,

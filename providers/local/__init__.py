@@ -4,8 +4,9 @@ An instance lives in ``$ORCH_HOME/local/<label>/``: its host key, its sshd confi
 ``home/``, which is the instance's disk. Stop ends sshd and every process of the instance and
 keeps ``home/``; start brings sshd back on the same home and host key; destroy removes it all.
 GPUs are what ``nvidia-smi`` reports on this machine (none: CPU-only instances).
-``compute`` holds the verbs, ``sshd`` one instance's server and processes, ``machine`` this
-machine's GPUs.
+``compute`` holds the verbs, ``sshd`` one instance's server and processes, ``python`` each
+instance's own Python (the controller's packages seen, its own installs kept in its home),
+``machine`` this machine's GPUs.
 """
 
 from orchestrator.hookspecs import hookimpl

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from functools import cached_property
@@ -15,6 +16,7 @@ from pathlib import Path
 from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider import (Capabilities, Endpoint, Offer, Provider, Remote, RentsGroups, Request, SelfEnding,
                                    Status, Stoppable, parse_label)
+from providers.local import python as instance_python
 from providers.local.machine import local_gpus, local_vram_gb
 from providers.local.sshd import (address, free_port, host_key, instance_pids, kill_instance, port_free, running,
                                   start_sshd)
@@ -83,7 +85,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
         (root / "authorized_keys").write_text(public_key.strip() + "\n")
         os.chmod(root / "authorized_keys", 0o600)
         host = address(parsed[0])
-        env = self._instance_env(request)
+        env = {**self._instance_env(request), **self._python_env(root / "home")}
         meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
                 "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
         self._save(provider_id, meta)
@@ -150,6 +152,10 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
             if not root.exists() and not (instance_id and instance_pids(instance_id)):
                 return
         raise ProviderError(f"could not remove {root}")
+
+    def cpu_price_hr(self, request: Request) -> float | None:
+        """The price config.toml gives this machine, CPU or not: known before anything is made."""
+        return float(self.settings.get("price_per_hour", 0.0))
 
     def offers(self, request: Request) -> list[Offer] | None:
         """This machine's own GPUs, at the price config.toml gives them (default free); None
@@ -227,12 +233,20 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
         except (RuntimeError, OSError) as e:
             raise ProviderError(f"local instance {provider_id}: {e}") from None
 
+    @staticmethod
+    def _python_env(home: Path) -> dict[str, str]:
+        # The instance reuses the controller's packages (its torch and LibreYOLO) rather than
+        # download gigabytes again, through a Python of its own that installs into itself
+        # (``python``); provisioning checks it works like any other Python.
+        try:
+            python = instance_python.make(home)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            raise ProviderError(f"local instance {home.parent.name}: {e}") from None
+        bindir = str(Path(sys.executable).parent)  # the controller's console scripts (torchrun, accelerate)
+        return {"ORCH_PYTHON": str(python), "PATH": f"{python.parent}:{bindir}:/usr/local/bin:/usr/bin:/bin"}
+
     def _instance_env(self, request: Request) -> dict[str, str]:
-        # The instance may reuse the controller's own Python (and its torch and LibreYOLO) rather
-        # than download gigabytes again; provisioning checks it works like any other Python.
-        bindir = str(Path(sys.executable).parent)
-        env = {"ORCH_PYTHON": sys.executable, "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
-               "ORCH_PROVIDER": "local"}
+        env = {"ORCH_PROVIDER": "local"}
         if request.cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif request.group:  # each node its own share of the GPUs: NCCL refuses one GPU seen by two ranks

@@ -106,6 +106,10 @@ class JobKind(ABC):
         non-zero exit); None: a failure is a loss, and the job relaunches."""
         return None
 
+    def stopped_at(self, job) -> str:
+        """Where its work was when a cap stopped it, for the job's reason ("its command stopped")."""
+        return f"its {self.noun} stopped"
+
     def failure_detail(self, dest: Path) -> str:
         """What a failed job's reason adds from what came home (the log's last lines)."""
         return ""

@@ -441,7 +441,7 @@ class CommandKind(JobKind):
             return
         try:
             _, problem = self._take(orch, job, inst)
-            self._outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False)
+            self._outputs(orch, job, inst, weights_dir(orch.home, job.name), strict=False, warn=False)
         except OrchError as e:
             problem = _why(e)
         if problem:  # once per attempt: the next look tries again, and says nothing new
@@ -487,9 +487,11 @@ class CommandKind(JobKind):
             shutil.rmtree(checkpoint_dir(orch.home, job.name, k), ignore_errors=True)
         return number, None
 
-    def _outputs(self, orch, job, inst, dest: Path, strict: bool = True) -> list[str]:
+    def _outputs(self, orch, job, inst, dest: Path, strict: bool = True, warn: bool = True) -> list[str]:
+        """The outputs so far home; ``warn``: say those missing (at the end: while the command runs,
+        an output written only at its end is not missing yet, and each copy said it was)."""
         got, missing = pull_outputs(orch, inst, self.spec, dest, strict=strict)
-        if missing:  # said once per attempt: a look every few seconds finds them missing until the end
+        if missing and warn:  # said once per attempt
             note_once(orch, job, f"output(s) not found on {inst.name}: {', '.join(clean(m, 100) for m in missing)}",
                       inst.name)
         return got
@@ -539,7 +541,10 @@ class CommandKind(JobKind):
             end = utc(run.ended_at) or (utc(job.ended_at) if job.state in ENDED else datetime.now(timezone.utc))
             elapsed = max(round((end - utc(run.started_at)).total_seconds(), 1), 0.0)
         text = "\n".join(clean(line, 500) or "" for line in str(self.spec.run or "").splitlines()[:50])
-        return {"command": text, "run_state": run.state if run else None, "exit_code": code, "exit_phase": phase,
+        state = run.state if run else None
+        if state in ("starting", "running") and code is None and job.state in ENDED:
+            state = "ended with its machine"  # a failed group's head, ended for another node's failure
+        return {"command": text, "run_state": state, "exit_code": code, "exit_phase": phase,
                 "elapsed_s": elapsed, "outputs": list(self.spec.outputs), "checkpoint": self.spec.checkpoint}
 
     @staticmethod

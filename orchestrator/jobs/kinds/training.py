@@ -64,6 +64,9 @@ class TrainingKind(JobKind):
         return offers.Workload(model=s.model, epochs=s.epochs, data=s.data, data_bytes=s.data_bytes,
                                images=js.images, imgsz=s.imgsz)
 
+    def stopped_at(self, job) -> str:
+        return f"stopped at epoch {job.epoch or '?'}"
+
     def left(self, done: int | None) -> int | None:
         return self.spec.epochs - (done or 0)
 
