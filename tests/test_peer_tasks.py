@@ -87,7 +87,9 @@ def test_a_skypilot_task_file_runs_unchanged_on_two_local_nodes_with_its_variabl
 
 @pytest.mark.long
 def test_a_dstack_task_file_runs_unchanged_on_the_local_provider_with_its_variables(orch_home, tmp_path):
-    task = write(tmp_path / ".dstack.yml", """
+    proj = tmp_path / "proj"  # a project folder: tmp_path itself holds the tests' home, never a workdir
+    proj.mkdir()
+    task = write(proj / ".dstack.yml", """
         type: task
         name: ds-one
         python: "3.12"
@@ -101,7 +103,7 @@ def test_a_dstack_task_file_runs_unchanged_on_the_local_provider_with_its_variab
           - cat data.txt
         repos: [.]
         """)
-    (tmp_path / "data.txt").write_text("from the workdir\n")
+    (proj / "data.txt").write_text("from the workdir\n")
     proc = run_orch("run", "-f", task, "--provider", "local", "--cpu", "--wait", "--json",
                     env={"FROM_SHELL": "from-my-shell"}, check=0)
     job = json.loads(proc.stdout)
