@@ -25,7 +25,12 @@ config.toml, all keys optional::
 
     [notify]              # see notify.py
     webhook_url = "https://..."
-    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job"]
+    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job", "budget"]
+
+    [budget]              # see budget.py: over everything orch rents, per calendar day and month
+    daily_usd = 50
+    monthly_usd = 800
+    timezone = "Europe/Paris"   # where a day and a month begin (default UTC)
 
 Nothing secret from here is ever written to the ledger or a log.
 """
@@ -70,9 +75,9 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
-_SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
+_SECTIONS = {"policy": dict, "providers": dict, "notify": dict, "budget": dict}
 # What notify.py posts.
-NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume")
+NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume", "budget")
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
         "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
         "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float),
@@ -110,6 +115,20 @@ def _check(data: dict, path: Path) -> None:
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise UsageError(f"{path}: policy.{key} must be a number >= 0")
     _check_notify(data.get("notify", {}), path)
+    _check_budget(data.get("budget", {}), path)
+
+
+def _check_budget(budget: dict, path: Path) -> None:
+    for key, value in budget.items():
+        if key in ("daily_usd", "monthly_usd"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise UsageError(f"{path}: budget.{key} must be a $ amount above 0")
+        elif key == "timezone":
+            from orchestrator import cron
+
+            cron.zone(value, f"{path}: budget.timezone")
+        else:
+            raise UsageError(f"{path}: unknown budget setting {key!r}")
 
 
 def _check_notify(notify: dict, path: Path) -> None:

@@ -182,7 +182,7 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
     _show(orch, job, as_json)
     if watched:
         say(watched)  # what does: the watcher (started first, so it looks while this prints) or the reaper
-    if job.state == jobs.FAILED:
+    if job.state in (jobs.FAILED, jobs.STOPPED):
         sys.exit(1)
 
 

@@ -42,7 +42,7 @@ from orchestrator.jobs.record import checkpoint_dir, job_dir, note, weights_dir
 from orchestrator.jobs.spec import JobSpec, attempt_name
 from orchestrator.jobs.states import (ACTIVE, ATTEMPT_DONE, ATTEMPT_RUNNING, CANCELLED, COMPLETED, ENDED, FAILED,
                                       INTERRUPTED, LAUNCH_FAILED, LAUNCHING, LOST, PLANNED, RECOVERING, RUNNING,
-                                      STOPPED_BY_JOB)
+                                      STOPPED, STOPPED_BY_JOB)
 from orchestrator.provider import can_stop
 from orchestrator.text import clean
 from orchestrator.text import why as _why
@@ -224,6 +224,11 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
                 check_plan(choice, job.max_cost, caps.cost(orch, job))
             except UsageError as e:
                 return finish_job(orch, job, FAILED, _why(e))
+            from orchestrator.jobs import budget
+
+            over = budget.refusal(orch, choice, job)
+            if over:  # nothing rented: the job ends stopped, its copy kept
+                return finish_job(orch, job, STOPPED, f"budget: {over}" + _kept(orch, job, "; "))
         number = (attempts[-1].number if attempts else 0) + 1
         job = note(orch, job, f"attempt {number}: {choice.line}")
         try:
@@ -264,12 +269,15 @@ def advance(orch, job):
 
 
 def advance_all(orch) -> list[dict]:
-    """Every active job, one look each (the reaper's ``after``): one job's trouble never stops the others."""
+    """Every active job, one look each (the reaper's ``after``, the watcher's look): one job's
+    trouble never stops the others. A ``[budget]`` spent first stops them all (``jobs.budget``)."""
     from orchestrator import ledger_sql
+    from orchestrator.jobs import budget
 
     out: list[dict] = []
     if not ledger_sql.jobs_in(ACTIVE, orch.ledger.url):  # plain SQL: no job, no ledger opened
         return out
+    out.extend(budget.guard(orch, stop))
     for job in orch.ledger.jobs(ACTIVE):
         try:
             job = advance(orch, job)
@@ -305,7 +313,8 @@ def _advance(orch, job):
         return _complete(orch, job, js, attempt, inst, "its weights were pulled before")
     if attempt.state == STOPPED_BY_JOB:  # stopped by a cap or a cancel that did not get to its end
         _destroy_attempt(orch, job, inst, f"job {job.name}: {attempt.reason or 'stopped'}")
-        return finish_job(orch, job, FAILED, attempt.reason or "stopped")
+        by_budget = (attempt.reason or "").startswith("budget:")
+        return finish_job(orch, job, STOPPED if by_budget else FAILED, attempt.reason or "stopped")
     try:
         inst = orch.refresh(inst)
     except OrchError as e:  # the provider did not answer: nothing is known, look again later
@@ -630,18 +639,38 @@ def cancel(orch, job, wait: float = 120.0):
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
             raise UsageError(f"job {job.name} is already {job.state}")
-        attempt = _current(orch, job)
-        inst = orch.ledger.get(attempt.instance_id) if attempt and attempt.instance_id else None
-        if inst is not None and inst.state in states.LIVE:
-            run = orch.ledger.latest_run(inst.id)
-            if inst.state == states.READY and run is not None and run.run_dir:
-                _bring_home(orch, job, JobSpec.of(job), inst, run, "before cancelling")
-            if attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
-                _end_attempt(orch, attempt, STOPPED_BY_JOB, "cancelled by the user")
-            problem = _destroy_attempt(orch, job, inst, f"job {job.name} cancelled")
-            if problem:
-                raise OrchError(f"job {job.name}: could not destroy {inst.name} ({problem}); the job stays "
-                                f"{job.state}: `orch jobs cancel {job.name}` again")
-        elif attempt is not None and attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
-            _end_attempt(orch, attempt, STOPPED_BY_JOB, "cancelled by the user")
-        return finish_job(orch, orch.ledger.get_job(job.id), CANCELLED, "cancelled by the user")
+        return _end_now(orch, job, CANCELLED, "cancelled by the user", "cancelled",
+                        f"`orch jobs cancel {job.name}` again")
+
+
+def stop(orch, job, why: str):
+    """The job ended ``stopped`` now (the budget is spent: ``jobs.budget``), as a cancel ends it;
+    a job another process is advancing is left to the next look."""
+    with claims.try_hold(orch.ledger, claim(job.name)) as mine:
+        if not mine:
+            return job
+        job = orch.ledger.get_job(job.id)
+        if job.state in ENDED:
+            return job
+        return _end_now(orch, job, STOPPED, why, "stopped", "the next look tries again")
+
+
+def _end_now(orch, job, state: str, why: str, done: str, again: str):
+    """What can be pulled comes home, the attempt's instance is destroyed, the job ends ``state``."""
+    attempt = _current(orch, job)
+    inst = orch.ledger.get(attempt.instance_id) if attempt and attempt.instance_id else None
+    if inst is not None and inst.state in states.LIVE:
+        run = orch.ledger.latest_run(inst.id)
+        if inst.state == states.READY and run is not None and run.run_dir:
+            _bring_home(orch, job, JobSpec.of(job), inst, run, f"before it was {done}")
+        if attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
+            _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
+        problem = _destroy_attempt(orch, job, inst, f"job {job.name} {done}: {why[:200]}")
+        if problem:
+            raise OrchError(f"job {job.name}: could not destroy {inst.name} ({problem}); the job stays "
+                            f"{job.state}: {again}")
+    elif attempt is not None and attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
+        _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
+    if state == STOPPED:
+        why += f"; what came home is in {weights_dir(orch.home, job.name)}" + _kept(orch, job, ", ")
+    return finish_job(orch, orch.ledger.get_job(job.id), state, why)

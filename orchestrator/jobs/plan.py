@@ -45,8 +45,11 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
         if js.nodes > 1:
             what = f"a group of {js.nodes} x {what}"
-        return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)"
-                      + (f"; {placed}" if placed else ""))
+        known = orch.provider(provider).known_price_hr(req)  # config.toml's price, where it sets one
+        price = None if known is None else known * js.nodes
+        return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: "
+                      + (f"${price:.4f}/hr" if price is not None else "its $/hr is known once rented") + ")"
+                      + (f"; {placed}" if placed else ""), price_hr=price)
     mode = "spot" if req.spot else "on-demand"
     work = kind.workload(js)  # None: ranked per hour
     query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,

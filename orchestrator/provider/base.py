@@ -146,6 +146,12 @@ class Provider(ABC):
         (the wait then fails at once, and ``orch up`` destroys it); None: keep waiting."""
         return None
 
+    def known_price_hr(self, request: Request) -> float | None:
+        """$/hr of what ``request`` rents where it is known before the create without asking (a
+        price config.toml sets): what a budget checks a CPU instance or a hand-picked offer against.
+        None: known once rented."""
+        return None
+
     def prices(self, remote: Remote) -> tuple[float, float]:
         """(running $/hr, stopped $/hr for the disk it keeps)."""
         return (remote.price_hr or 0.0, remote.stopped_price_hr or 0.0)

@@ -151,6 +151,9 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
                 return
         raise ProviderError(f"could not remove {root}")
 
+    def known_price_hr(self, request: Request) -> float | None:
+        return float(self.settings.get("price_per_hour", 0.0))  # what every instance here is billed at
+
     def offers(self, request: Request) -> list[Offer] | None:
         """This machine's own GPUs, at the price config.toml gives them (default free); None
         without GPUs: the local provider is then no source of GPU offers."""

@@ -1,0 +1,82 @@
+"""A budget over everything orch rents (issue 58), on the local provider at the price config.toml
+gives it: a job whose estimate does not fit is refused with nothing made; a running job that
+crosses the budget is stopped by the watcher with what it wrote home and the reason ``budget``
+(80 % said once first, both posted to the webhook); ``orch budget`` and ``orch cost --json`` show
+what was spent, what running jobs commit and what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.clouds import wait_for
+from tests.conftest import run_orch
+from tests.fakes.webhook import Hook
+from tests.test_notify import write_config
+from tests.test_tasks import live_instances, nothing_created, write
+from tests.test_watcher import WATCHED, ledger
+
+
+def test_a_job_or_an_instance_whose_estimate_does_not_fit_the_budget_is_refused_with_nothing_made(orch_home):
+    write_config(orch_home, "[providers.local]\nprice_per_hour = 36.0\n\n[budget]\ndaily_usd = 1\n")
+    # $36/hr for --max-hours 1: $36, over the $1 a day
+    proc = run_orch("run", "big", "--cpu", "--max-hours", "1", "--", "echo", "hi")
+    assert proc.returncode == 2, proc.stderr
+    error = [line for line in proc.stderr.splitlines() if line.startswith("orch: error:")]
+    assert len(error) == 1 and "budget" in error[0] and "$36.0000" in error[0] and "$1 " in error[0], proc.stderr
+    up = run_orch("up", "box", "--cpu", "--max-hours", "1")
+    assert up.returncode == 2 and "budget" in up.stderr, up.stderr
+    nothing_created(orch_home)
+    dry = run_orch("run", "big", "--cpu", "--max-hours", "1", "--dry-run", "--", "echo", "hi", check=0)
+    assert "budget: refused" in dry.stderr, dry.stderr
+    fits = run_orch("run", "small", "--cpu", "--max-hours", "0.01", "--dry-run", "--", "echo", "hi", check=0)
+    assert "budget: fits, $0.3600 of $1.0000 left" in fits.stderr, fits.stderr
+    nothing_created(orch_home)
+
+
+def test_a_running_job_that_crosses_the_budget_is_stopped_with_its_outputs_home_and_reason_budget(orch_home, tmp_path):
+    hook = Hook()
+    # $0.1 a second: the $2 of the day are spent some 20 s after the machine is made
+    write_config(orch_home, f'[providers.local]\nprice_per_hour = 360.0\n\n[budget]\ndaily_usd = 2\n\n'
+                            f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["budget"]\n')
+    task = write(tmp_path / "task.yaml", """
+        name: spender
+        resources: {cpu: true, provider: local}
+        run: mkdir -p out && echo written-before > out/partial.txt && sleep 3600
+        outputs: [out]
+        """)
+    run_orch("run", "-f", task, env=WATCHED, check=0)  # no estimate (no --max-hours): it fits what is left
+    wait_for(lambda: ledger().job("spender").state != "running" and ledger().job("spender").state != "planned",
+             timeout=180, what="the budget to stop the job")
+    job = ledger().job("spender")
+    assert job.state == "stopped" and job.reason.startswith("budget: the daily budget $2 is spent"), job.reason
+    assert (orch_home / "runs" / "spender" / "out" / "partial.txt").read_text() == "written-before\n"
+    assert live_instances() == []
+    texts = hook.texts()
+    warned = [t for t in texts if re.search(r"budget: (8\d|9\d) % of the daily budget \$2 spent", t)]
+    assert len(warned) == 1, texts  # at 80 %, once
+    assert any("the daily budget $2 is spent" in t and "jobs stopped: spender" in t for t in texts), texts
+    hook.close()
+
+
+def test_orch_budget_and_orch_cost_show_spent_committed_and_left(orch_home):
+    write_config(orch_home, "[providers.local]\nprice_per_hour = 36.0\n\n[budget]\ndaily_usd = 10\n"
+                            'monthly_usd = 100\ntimezone = "Europe/Madrid"\n')
+    run_orch("run", "held", "--cpu", "--max-hours", "0.1", "--", "sleep", "3600", check=0)  # $3.6 committed
+    wait_for(lambda: json.loads(run_orch("budget", "--json", check=0).stdout)["periods"][0]["spent"]["instances"] > 0,
+             timeout=60, what="the running job's spend")
+    shown = json.loads(run_orch("budget", "--json", check=0).stdout)
+    cost = json.loads(run_orch("cost", "--json", check=0).stdout)["budget"]
+    run_orch("jobs", "cancel", "held", check=0)
+    for got in (shown, cost):
+        assert got["timezone"] == "Europe/Madrid" and [p["period"] for p in got["periods"]] == ["daily", "monthly"]
+        daily = got["periods"][0]
+        spent = daily["spent"]["total"]
+        assert 0 < spent == daily["spent"]["instances"] and daily["spent"]["volumes"] == 0
+        [job] = got["jobs"]
+        assert job["name"] == "held" and job["estimate"] == 3.6
+        assert abs(job["committed"] - (3.6 - job["spent"])) < 1e-6 and got["committed_usd"] == job["committed"]
+        assert abs(daily["left_usd"] - (10 - spent - job["committed"])) < 1e-4, daily
+    text = run_orch("budget", check=0).stdout
+    assert text.startswith("budget daily    $10 since ") and "Europe/Madrid: spent $" in text, text
