@@ -80,3 +80,41 @@ def test_orch_budget_and_orch_cost_show_spent_committed_and_left(orch_home):
         assert abs(daily["left_usd"] - (10 - spent - job["committed"])) < 1e-4, daily
     text = run_orch("budget", check=0).stdout
     assert text.startswith("budget daily    $10 since ") and "Europe/Madrid: spent $" in text, text
+
+
+# -- the spot notice reaches the job ----------------------------------------------------------------
+def test_a_spot_notice_reaches_the_command_and_the_checkpoint_is_copied_at_once(orch_home, tmp_path):
+    from tests.fakes.imds import Metadata
+
+    imds = Metadata()
+    write_config(orch_home, f'[providers.local]\nmetadata_url = "{imds.url}"\n')
+    # The command saves on SIGTERM (with the notice the file holds) and ends; its checkpoint folder
+    # is copied every 600 minutes only, so a copy now is the notice's.
+    task = write(tmp_path / "task.yaml", """
+        name: noticed
+        resources: {cpu: true, provider: local}
+        retries: 0
+        checkpoint: ckpt
+        checkpoint_minutes: 600
+        run: |
+          trap 'echo TERM > "$ORCH_CHECKPOINT_DIR/signal.txt"; cp "$ORCH_PREEMPT_FILE" "$ORCH_CHECKPOINT_DIR/notice.json"; exit 143' TERM
+          echo started > "$ORCH_CHECKPOINT_DIR/step"
+          sleep 3600 & wait
+        """)
+    run_orch("run", "-f", task, env=WATCHED, check=0)
+    wait_for(lambda: ledger().job("noticed").state == "running"
+             and imds.asked("/latest/meta-data/spot/instance-action") >= 1, timeout=120,
+             what="the job running and its watchdog asking the metadata service")
+    imds.interrupt("terminate", "2026-12-07T08:22:00Z")
+    wait_for(lambda: ledger().job("noticed").state not in ("running", "recovering", "planned"), timeout=120,
+             what="the noticed attempt to end")
+    job = ledger().job("noticed")
+    copies = sorted((orch_home / "jobs" / "noticed").glob("ckpt-*"))
+    assert copies, job.history
+    newest = copies[-1]
+    assert (newest / "signal.txt").read_text() == "TERM\n", job.history  # the command saw SIGTERM
+    assert json.loads((newest / "notice.json").read_text())["action"] == "terminate"  # and the file
+    assert "spot interruption notice (terminate at 2026-12-07T08:22:00Z)" in job.history, job.history
+    assert "the command ended" in job.reason and job.state == "failed", job.reason  # lost, no retries left
+    assert live_instances() == []
+    imds.close()

@@ -363,6 +363,9 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
         orch.ledger.update_attempt(attempt.id, unreachable_since=None)
     if view.get("epoch") is not None and view["epoch"] != job.epoch:
         job = orch.ledger.update_job(job.id, epoch=view["epoch"])
+    notice = view.get("notice")
+    if notice:  # the provider will take the machine: the checkpoint copy now, not at checkpoint_minutes
+        job = _on_notice(orch, job, js, attempt, inst, run, notice)
     state = view["state"]
     if state == "completed":
         return _finish(orch, job, js, attempt, inst, run, view)
@@ -372,6 +375,8 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if gone:
         return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
+    if own and notice and view.get("preempted"):  # it ended on the notice's signal: a loss, relaunched
+        return _lost(orch, job, js, attempt, inst, run, f"{_noticed(notice)}; the command ended ({own})")
     if own:  # the work's own failure: no relaunch repeats it
         return _failed(orch, job, js, attempt, inst, run, view, own)
     if state in ("failed", "crashed"):
@@ -383,6 +388,30 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if over:
         return _stop_over_cap(orch, job, js, attempt, inst, run, over)
     return orch.ledger.update_job(job.id, reason=None) if job.reason else job
+
+
+def _noticed(notice: dict) -> str:
+    if notice["kind"] == "rebalance":
+        return f"a spot rebalance recommendation ({notice['time']})"
+    return f"a spot interruption notice ({notice['action']} at {notice['time']})"
+
+
+def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
+    """A spot notice seen (once per attempt and notice): the checkpoint copy taken at once."""
+    key = f"{attempt.id}:{notice['kind']}:{notice['time']}"
+    phases = record.loads(job.phases, {})
+    if phases.get("notice") == key:
+        return job
+    phases["notice"] = key
+    job = note(orch, orch.ledger.update_job(job.id, phases=json.dumps(phases)),
+               f"{_noticed(notice)} on {inst.name}: taking the checkpoint copy now")
+    try:
+        kept, problem = js.kind_of().take_checkpoint(orch, job, inst, run)
+        if kept or problem:
+            note(orch, job, kept or f"no checkpoint copy on the notice: {problem}")
+    except OrchError as e:
+        note(orch, job, f"no checkpoint copy on the notice: {_why(e)}")
+    return orch.ledger.get_job(job.id)
 
 
 # -- endings ---------------------------------------------------------------------------------

@@ -146,6 +146,12 @@ class Provider(ABC):
         (the wait then fails at once, and ``orch up`` destroys it); None: keep waiting."""
         return None
 
+    def notice_url(self, spot: bool) -> str | None:
+        """The instance metadata service where an instance of this provider reads a spot
+        interruption notice (the on-instance watchdog polls it, ``playbooks/on_instance/watchdog.py``);
+        None where none is given: RunPod and Vast.ai stop an instance without notice."""
+        return None
+
     def known_price_hr(self, request: Request) -> float | None:
         """$/hr of what ``request`` rents where it is known before the create without asking (a
         price config.toml sets): what a budget checks a CPU instance or a hand-picked offer against.
