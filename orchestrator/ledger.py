@@ -119,6 +119,20 @@ class Meta(SQLModel, table=True):
     value: str = Field(default="", sa_column=Column(Text))
 
 
+class Preemption(SQLModel, table=True):
+    """A place where a spot market took a machine, or said it would (``jobs.avoid``)."""
+
+    __tablename__ = "preemptions"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    provider: str = Field(max_length=32)
+    place: str = Field(max_length=128)  # a region or zone, a data center, a host: as the offer named it
+    gpu: Optional[str] = Field(default=None, max_length=128)
+    instance_name: Optional[str] = Field(default=None, max_length=64)
+    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    at: datetime = Field(default_factory=now, index=True)
+
+
 class Job(SQLModel, table=True):
     """``orch run``: one training from a dataset to weights on disk, over as many attempts as it takes."""
 
@@ -508,6 +522,19 @@ class Ledger:
             row.value = value
             s.add(row)
             s.commit()
+
+    # -- preemptions -------------------------------------------------------------------
+    def add_preemption(self, **fields: Any) -> Preemption:
+        with self.session() as s:
+            row = Preemption(**fields)
+            s.add(row)
+            s.commit()
+            s.refresh(row)
+            return row
+
+    def preemptions(self, since: datetime) -> list[Preemption]:
+        with self.session(write=False) as s:
+            return list(s.exec(select(Preemption).where(Preemption.at >= since).order_by(Preemption.at)))
 
 
 def _revision(conn) -> str | None:

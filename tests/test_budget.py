@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta, timezone
 
-from tests.clouds import wait_for
+from tests.clouds import vast, wait_for  # noqa: F401  (vast: the fake Vast.ai fixture)
 from tests.conftest import run_orch
 from tests.fakes.webhook import Hook
 from tests.test_notify import write_config
@@ -118,3 +119,29 @@ def test_a_spot_notice_reaches_the_command_and_the_checkpoint_is_copied_at_once(
     assert "the command ended" in job.reason and job.state == "failed", job.reason  # lost, no retries left
     assert live_instances() == []
     imds.close()
+    preempted = ledger().preemptions(datetime.now(timezone.utc) - timedelta(hours=1))
+    assert [(p.provider, p.instance_name) for p in preempted] == [("local", "noticed-a1")], preempted
+
+
+# -- a place that just preempted is avoided ----------------------------------------------------------
+def test_a_place_that_just_preempted_is_ranked_last_for_the_next_plan_and_left_out_on_request(orch_home, vast):
+    fake, env = vast
+    args = ("run", "pick", "--provider", "vastai", "--gpu", "RTX 4090", "--spot", "--dry-run", "--", "echo", "hi")
+    before = run_orch(*args, env=env, check=0)
+    assert "(offer 1001)" in _plan_line(before), before.stderr  # the cheapest good offer: 1001, in Sweden
+    # Its spot market took a machine there an hour ago (as a job's attempt records it: provider, place, GPU)
+    ledger().add_preemption(provider="vastai", place="Sweden, SE", gpu="RTX 4090", instance_name="old-a1",
+                            reason="instance preempted", at=datetime.now(timezone.utc) - timedelta(hours=1))
+    after = _plan_line(run_orch(*args, env=env, check=0))
+    assert "(offer 1007)" in after.split(";")[0], after  # the next best, in Texas, rents
+    assert "ranked last, preempted within 6 h: vastai Sweden, SE (1.0 h ago)" in after, after
+    config = (orch_home / "config.toml").read_text()
+    write_config(orch_home, "preempted_hours = 0.5\n" + config)
+    assert "(offer 1001)" in _plan_line(run_orch(*args, env=env, check=0))  # an hour is past 0.5 h
+    write_config(orch_home, config)
+    only = run_orch(*args[:-3], "--gpu", "RTX 4090", "--avoid-preempted", "--", "echo", "hi", env=env, check=0)
+    assert "left out, preempted within 6 h: vastai Sweden, SE" in _plan_line(only), only.stderr
+
+
+def _plan_line(proc) -> str:
+    return next(line for line in proc.stderr.splitlines() if line.startswith("plan: ") and "asking" not in line)

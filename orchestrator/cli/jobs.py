@@ -56,6 +56,8 @@ def run(
                                                     "where the provider can."),
     wait: bool = typer.Option(False, "--wait", help="Follow the job to its end (Ctrl-C leaves it running)."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    avoid_preempted: bool = typer.Option(False, "--avoid-preempted", help="Leave out the offers of a place that "
+                                         "preempted within preempted_hours (default: rank them last)."),
     **options,
 ):
     """Train from a dataset to weights on disk, or run any command (`-f task.yaml`, `NAME -- CMD`):
@@ -77,6 +79,10 @@ def run(
         max_price = None
     if sub is None:
         sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options)
+    if avoid_preempted:
+        from dataclasses import replace
+
+        sub = replace(sub, spec=replace(sub.spec, avoid_preempted=True))
     _check_caps(sub)
     _submit(sub, dry_run, wait, as_json)
 

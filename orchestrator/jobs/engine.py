@@ -128,7 +128,8 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     name = name or attempt_name(job.name, number)
     _link_runs(orch.home, job.name, name)
     attempt = orch.ledger.add_attempt(job_id=job.id, number=number, instance_name=name, provider=choice.provider,
-                                      offer=json.dumps({"key": choice.key, "line": choice.line}),
+                                      offer=json.dumps({"key": choice.key, "line": choice.line,
+                                                        "place": choice.place, "gpu": choice.gpu}),
                                       price_hr=choice.price_hr, state=LAUNCHING)
     t0 = time.monotonic()
     marks: dict = {}
@@ -333,6 +334,10 @@ def _advance(orch, job):
     last = next((e for e in reversed(events) if e.from_state != e.to_state), None)
     # "recorded by": the actor that wrote the event, which the reason itself says did it or not
     why = f"instance {inst.state}" + (f" ({clean(last.reason, 200)}, recorded by {last.actor})" if last else "")
+    if inst.state == states.PREEMPTED:  # its place is avoided for a while (``avoid``)
+        from orchestrator.jobs import avoid
+
+        avoid.record_loss(orch, attempt, inst, why)
     return _lost(orch, job, js, attempt, inst, run, why)
 
 
@@ -376,7 +381,11 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
         return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
     if own and notice and view.get("preempted"):  # it ended on the notice's signal: a loss, relaunched
-        return _lost(orch, job, js, attempt, inst, run, f"{_noticed(notice)}; the command ended ({own})")
+        from orchestrator.jobs import avoid
+
+        why = f"{_noticed(notice)}; the command ended ({own})"
+        avoid.record_loss(orch, attempt, inst, why)  # its place is avoided for a while
+        return _lost(orch, job, js, attempt, inst, run, why)
     if own:  # the work's own failure: no relaunch repeats it
         return _failed(orch, job, js, attempt, inst, run, view, own)
     if state in ("failed", "crashed"):

@@ -24,6 +24,8 @@ class Choice:
     hours: float | None = None  # for the work left
     usd: float | None = None
     answer: Any = None  # the ranked offers it was chosen from (``offers.Answer``), for a dry run's table
+    place: str | None = None  # where the offer is (``avoid.place_of``): a preemption there is recorded so
+    gpu: str | None = None
 
     def to_dict(self) -> dict:
         return {"provider": self.provider, "offer": self.key, "line": self.line, "price_hr": self.price_hr,
@@ -60,6 +62,9 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     for name, why in answer.skipped:
         orch.say(f"      {name} not asked: {why}")
     rows = [r for r in answer.rows if f"{r.offer.provider}/{r.offer.offer_id}" not in (avoid or set())]
+    from orchestrator.jobs import avoid as places
+
+    rows, preempted = places.rank(orch, rows, js.avoid_preempted)  # a place that just preempted: last
     if js.nodes > 1:  # the group's prices (N machines) and its assumed speedup, stated in the line
         rows = offers.for_nodes(rows, js.nodes, offers.check_scaling(config.get("node_scaling",
                                                                                 offers.NODE_EFFICIENCY)))
@@ -68,6 +73,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
                          f"{', '.join(answer.asked) or 'any provider'}"
                          + (f" {placed}" if placed else "")
                          + (" (besides those that failed for this job)" if answer.rows else "")
+                         + (f"; {preempted}" if preempted else "")
                          + (f"; not asked: {', '.join(n for n, _ in answer.skipped)} (`orch check` says what each "
                             "needs)" if answer.skipped else ""))
     best = rows[0]
@@ -84,8 +90,10 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         line = f"{js.nodes} nodes of: {line}"
     if total and left != total and usd is not None:
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
+    if preempted:
+        line += f"; {preempted}"
     return Choice(best.offer.provider, chosen, line, f"{best.offer.provider}/{best.offer.offer_id}", price, hours,
-                  usd, answer)
+                  usd, answer, places.place_of(best.offer), best.offer.gpu_name)
 
 
 def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> None:

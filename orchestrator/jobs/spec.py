@@ -97,6 +97,7 @@ class JobSpec:
     # What it mounts (``volume_uses.Use`` as dicts: names and paths): placed again at each plan, so a
     # relaunch goes where the volumes are (``volume_mounts.narrow``).
     volumes: list[dict] | None = None
+    avoid_preempted: bool = False  # offers where a spot market just took a machine: left out (else last)
 
     def to_json(self) -> str:
         from orchestrator.jobs.kinds import KINDS
@@ -109,7 +110,7 @@ class JobSpec:
         return json.dumps({"train": None, self.kind: work, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
                            "nodes": self.nodes, "max_price": self.max_price, "volumes": self.volumes,
-                           "min_vram": self.min_vram},
+                           "min_vram": self.min_vram, "avoid_preempted": self.avoid_preempted},
                           sort_keys=True)
 
     @classmethod
@@ -136,7 +137,8 @@ class JobSpec:
             spec = cls(kind=kind, work=KINDS[kind].load(d[kind]), request=Request(**request),
                        providers=d.get("providers"), ssh_timeout=d.get("ssh_timeout"),
                        policy=d.get("policy") or "{}", images=d.get("images"), nodes=d.get("nodes") or 1,
-                       max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"))
+                       max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"),
+                       avoid_preempted=d.get("avoid_preempted") is True)
         except (TypeError, ValueError, AttributeError) as e:
             raise UsageError(f"the job's stored spec is refused: {e}") from None
         _refused(spec)
