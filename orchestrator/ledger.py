@@ -405,12 +405,15 @@ class Ledger:
 
     # -- runs --------------------------------------------------------------------------
     def add_run(self, **fields: Any) -> Run:
+        return self._insert(Run(**fields))
+
+    def _insert(self, row):
+        """A new row written, and read back with what the database gave it (its id)."""
         with self.session() as s:
-            run = Run(**fields)
-            s.add(run)
+            s.add(row)
             s.commit()
-            s.refresh(run)
-            return run
+            s.refresh(row)
+            return row
 
     def update_run(self, run_id: int, **fields: Any) -> Run:
         with self.session() as s:
@@ -485,12 +488,7 @@ class Ledger:
             return s.get(Job, job_id)
 
     def add_attempt(self, **fields: Any) -> Attempt:
-        with self.session() as s:
-            attempt = Attempt(**fields)
-            s.add(attempt)
-            s.commit()
-            s.refresh(attempt)
-            return attempt
+        return self._insert(Attempt(**fields))
 
     def update_attempt(self, attempt_id: int, **fields: Any) -> Attempt:
         with self.session() as s:
@@ -525,12 +523,7 @@ class Ledger:
 
     # -- preemptions -------------------------------------------------------------------
     def add_preemption(self, **fields: Any) -> Preemption:
-        with self.session() as s:
-            row = Preemption(**fields)
-            s.add(row)
-            s.commit()
-            s.refresh(row)
-            return row
+        return self._insert(Preemption(**fields))
 
     def preemptions(self, since: datetime) -> list[Preemption]:
         with self.session(write=False) as s:

@@ -258,6 +258,12 @@ def start(orch, job, choice=None):
 def advance(orch, job):
     """One look at an active job, and the step it calls for. A job another orch process is
     advancing is returned as the ledger has it."""
+    return _held(orch, job, lambda job: _advance(orch, job))
+
+
+def _held(orch, job, step):
+    """``step`` on the job as the ledger has it now, under its claim; the job as given where it
+    has ended or another orch process holds it."""
     if job.state in ENDED:
         return job
     with claims.try_hold(orch.ledger, claim(job.name)) as mine:
@@ -266,7 +272,7 @@ def advance(orch, job):
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
             return job
-        return _advance(orch, job)
+        return step(job)
 
 
 def advance_all(orch) -> list[dict]:
@@ -684,13 +690,7 @@ def cancel(orch, job, wait: float = 120.0):
 def stop(orch, job, why: str):
     """The job ended ``stopped`` now (the budget is spent: ``jobs.budget``), as a cancel ends it;
     a job another process is advancing is left to the next look."""
-    with claims.try_hold(orch.ledger, claim(job.name)) as mine:
-        if not mine:
-            return job
-        job = orch.ledger.get_job(job.id)
-        if job.state in ENDED:
-            return job
-        return _end_now(orch, job, STOPPED, why, "stopped", "the next look tries again")
+    return _held(orch, job, lambda job: _end_now(orch, job, STOPPED, why, "stopped", "the next look tries again"))
 
 
 def _end_now(orch, job, state: str, why: str, done: str, again: str):
