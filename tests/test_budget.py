@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timedelta, timezone
 
 from tests.clouds import vast, wait_for  # noqa: F401  (vast: the fake Vast.ai fixture)
-from tests.conftest import run_orch
+from tests.conftest import needs_torch, run_orch
 from tests.fakes.webhook import Hook
 from tests.test_notify import write_config
 from tests.test_tasks import live_instances, nothing_created, write
@@ -145,3 +145,31 @@ def test_a_place_that_just_preempted_is_ranked_last_for_the_next_plan_and_left_o
 
 def _plan_line(proc) -> str:
     return next(line for line in proc.stderr.splitlines() if line.startswith("plan: ") and "asking" not in line)
+
+
+@needs_torch
+def test_a_spot_notice_to_a_libreyolo_training_takes_its_checkpoint_copy_at_once(orch_home, tmp_path):
+    from orchestrator import dataset
+    from tests.fakes.hf_hub import FakeHub
+    from tests.fakes.imds import Metadata
+    from tests.test_training import TRAIN
+
+    imds = Metadata()
+    write_config(orch_home, f'[providers.local]\nmetadata_url = "{imds.url}"\n')
+    ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
+    with FakeHub(tmp_path) as hub:  # --push-to: LibreYOLO's Python API, with orch's callbacks
+        env = {**WATCHED, **hub.env, "HF_TOKEN": hub.token}
+        run_orch("run", "tn", "--data", ds, "--epochs", "200", "--push-to", "hf://acme/tn", *TRAIN, "--retries", "0",
+                 env=env, check=0)
+        wait_for(lambda: (ledger().job("tn").epoch or 0) >= 2, timeout=300, what="two epochs trained")
+        trained = ledger().job("tn").epoch
+        imds.interrupt()
+        wait_for(lambda: ledger().job("tn").state not in ("running", "recovering", "planned"), timeout=300,
+                 what="the noticed training to end")
+    job = ledger().job("tn")
+    assert "spot interruption notice (terminate at 2026-12-07T08:22:00Z) on tn-a1: taking the checkpoint copy now" \
+        in job.history, job.history
+    assert "spot interruption notice (terminate" in job.reason and "the training crashed" in job.reason, job.reason
+    assert job.checkpoint_epoch >= trained - 1, (job.checkpoint_epoch, trained)  # the epochs it had, home
+    assert live_instances() == []
+    imds.close()

@@ -386,10 +386,11 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if gone:
         return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
-    if own and notice and view.get("preempted"):  # it ended on the notice's signal: a loss, relaunched
-        from orchestrator.jobs import avoid
+    if notice and notice["kind"] == "instance-action" and (view.get("preempted") or (state in ("failed", "crashed")
+                                                                                     and not own)):
+        from orchestrator.jobs import avoid  # it ended on the notice's signal: a loss, relaunched
 
-        why = f"{_noticed(notice)}; the command ended ({own})"
+        why = f"{_noticed(notice)}; " + (f"the command ended ({own})" if own else f"the training {state}")
         avoid.record_loss(orch, attempt, inst, why)  # its place is avoided for a while
         return _lost(orch, job, js, attempt, inst, run, why)
     if own:  # the work's own failure: no relaunch repeats it

@@ -30,8 +30,8 @@ def arm():
 class OrchPreemptSave:
     def on_train_epoch_end(self, event):
         if _asked:
-            print(f"orch: epoch saved in {getattr(event, 'save_dir', '?')}: ending on the spot notice", file=sys.stderr,
-                  flush=True)
+            print(f"orch: epoch {getattr(event, 'epoch', '?')} saved in {getattr(event, 'save_dir', '?')}: ending on the "
+                  "spot notice", file=sys.stderr, flush=True)
             sys.stderr.flush()
             os._exit(EXIT_CODE)
 
