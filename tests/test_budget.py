@@ -173,3 +173,16 @@ def test_a_spot_notice_to_a_libreyolo_training_takes_its_checkpoint_copy_at_once
     assert job.checkpoint_epoch >= trained - 1, (job.checkpoint_epoch, trained)  # the epochs it had, home
     assert live_instances() == []
     imds.close()
+
+
+def test_a_schedules_run_that_does_not_fit_the_budget_is_skipped_with_the_reason_and_the_webhook(orch_home, tmp_path):
+    hook = Hook()
+    write_config(orch_home, f'[providers.local]\nprice_per_hour = 36.0\n\n[budget]\ndaily_usd = 1\n\n'
+                            f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["schedule"]\n')
+    task = write(tmp_path / "nightly.yaml", "name: nightly\nresources: {cpu: true}\nmax_hours: 1\nrun: 'true'\n")
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
+    ran = run_orch("schedule", "run", "nightly")
+    assert "refused by the budget" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+    assert any("skipped" in t and "refused by the budget" in t for t in hook.texts()), hook.texts()
+    nothing_created(orch_home)
+    hook.close()
