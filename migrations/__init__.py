@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0007"  # the newest revision in versions/; the ledger upgrades when the database is behind
+HEAD = "0008"  # the newest revision in versions/; the ledger upgrades when the database is behind
 
 
 def known() -> set[str]:

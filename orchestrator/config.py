@@ -7,6 +7,7 @@ config.toml, all keys optional::
     job_unreachable_minutes = 10  # `orch run`: an attempt unreachable this long is lost
     replace_lost_node = true  # a group job's lost node is replaced alone (false: the whole group relaunches)
     volume_idle_days = 7  # the reaper reports (never deletes) a volume unattached this long
+    preempted_hours = 6   # offers where a spot market just took a machine rank last this long (0: never)
     pull_max_gb = 50      # what a run's (a job's) pulls keep at home at most (ORCH_PULL_MAX_GB)
     pull_max_files = 20000  # and how many files (ORCH_PULL_MAX_FILES)
     pull_log_mb = 64      # each log's newest part that comes home (ORCH_PULL_LOG_MB)
@@ -25,7 +26,12 @@ config.toml, all keys optional::
 
     [notify]              # see notify.py
     webhook_url = "https://..."
-    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job"]
+    events = ["preempted", "watchdog", "reaper", "lost", "broken", "job", "budget"]
+
+    [budget]              # see budget.py: over everything orch rents, per calendar day and month
+    daily_usd = 50
+    monthly_usd = 800
+    timezone = "Europe/Paris"   # where a day and a month begin (default UTC)
 
 Nothing secret from here is ever written to the ledger or a log.
 """
@@ -70,13 +76,14 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
-_SECTIONS = {"policy": dict, "providers": dict, "notify": dict}
+_SECTIONS = {"policy": dict, "providers": dict, "notify": dict, "budget": dict}
 # What notify.py posts.
-NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume")
+NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume", "budget")
 _TOP = {"default_provider": str, "ssh_timeout_minutes": (int, float), "offers_cache_seconds": (int, float),
         "database_url": str, "spot_margin": (int, float), "start_timeout_minutes": (int, float),
         "job_unreachable_minutes": (int, float), "pull_max_gb": (int, float), "pull_log_mb": (int, float),
-        "pull_max_files": int, "reaper_parallel": int, "volume_idle_days": (int, float), "replace_lost_node": bool}
+        "pull_max_files": int, "reaper_parallel": int, "volume_idle_days": (int, float), "replace_lost_node": bool,
+        "preempted_hours": (int, float)}
 
 
 # A NaN, a negative wait or an infinite one passes a type check and breaks a loop later.
@@ -84,7 +91,7 @@ _RANGES = {"ssh_timeout_minutes": (0.05, 24 * 60), "offers_cache_seconds": (0, 7
            "start_timeout_minutes": (0.05, 24 * 60), "job_unreachable_minutes": (0.05, 24 * 60),
            "pull_max_gb": (0.001, 1e6), "pull_log_mb": (0.001, 1e6), "pull_max_files": (1, 10_000_000),
            "reaper_parallel": (1, 256),
-           "volume_idle_days": (0, 3650)}
+           "volume_idle_days": (0, 3650), "preempted_hours": (0, 24 * 365)}
 
 
 def _check(data: dict, path: Path) -> None:
@@ -110,6 +117,20 @@ def _check(data: dict, path: Path) -> None:
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise UsageError(f"{path}: policy.{key} must be a number >= 0")
     _check_notify(data.get("notify", {}), path)
+    _check_budget(data.get("budget", {}), path)
+
+
+def _check_budget(budget: dict, path: Path) -> None:
+    for key, value in budget.items():
+        if key in ("daily_usd", "monthly_usd"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+                raise UsageError(f"{path}: budget.{key} must be a $ amount above 0")
+        elif key == "timezone":
+            from orchestrator import cron
+
+            cron.zone(value, f"{path}: budget.timezone")
+        else:
+            raise UsageError(f"{path}: unknown budget setting {key!r}")
 
 
 def _check_notify(notify: dict, path: Path) -> None:

@@ -134,13 +134,13 @@ def groups(costs: list[Cost]) -> dict[str, dict]:
     return out
 
 
-def show(ledger, name: str | None = None, start: datetime | None = None, as_json: bool = False) -> None:
+def show(ledger, name: str | None = None, start: datetime | None = None, as_json: bool = False,
+         period=None) -> None:
     """``orch cost``: the report as plain columns (``text.columns``: Rich's table took seconds
-    for ten thousand rows) or JSON. Needs no Typer: ``cli.main`` answers ``orch cost`` with it."""
+    for ten thousand rows) or JSON, and ``period`` (``budget.Standing``: this period against the
+    budget) where one is set. Needs no Typer: ``cli.main`` answers ``orch cost`` with it
+    (``budget.show_cost``)."""
     import json
-    import sys
-
-    from orchestrator.text import columns
 
     from orchestrator import volumes
 
@@ -148,15 +148,25 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
     vols = volumes.costs(ledger, start) if name is None else []  # each volume bills from its creation
     if as_json:
         print(json.dumps({"since": start.isoformat() if start else None, "instances": [r.to_dict() for r in rows],
-                          "providers": totals, "groups": groups(rows), "volumes": vols}, indent=2, sort_keys=True,
-                         default=str))
+                          "providers": totals, "groups": groups(rows), "volumes": vols,
+                          "budget": period.to_dict() if period else None}, indent=2, sort_keys=True, default=str))
         return
     if not rows and not vols:
         print("nothing billed" + (f" since {start:%Y-%m-%d %H:%M}Z" if start else ""))
-        return
-    if not rows:
+    elif not rows:
         _volumes(vols)
-        return
+    else:
+        _instances(rows, totals)
+        _volumes(vols)
+    for line in period.lines() if period else []:
+        print(line)
+
+
+def _instances(rows: list[Cost], totals: dict) -> None:
+    import sys
+
+    from orchestrator.text import columns
+
     table = [(r.name, r.provider, r.state, f"{r.running_hours:.2f} h ${r.running_usd:.2f}",
               f"{r.stopped_hours:.2f} h ${r.stopped_usd:.2f}", f"${r.total_usd:.2f}",
               f"{r.idle_hours:.2f} h ${r.idle_usd:.2f}" if r.idle_hours else "-") for r in rows]
@@ -169,7 +179,6 @@ def show(ledger, name: str | None = None, start: datetime | None = None, as_json
     for provider, tot in sorted(totals.items()):
         print(f"{provider:<10} total ${tot['total_usd']:.2f} (running ${tot['running_usd']:.2f}, stopped "
               f"${tot['stopped_usd']:.2f}), idle waste ${tot['idle_usd']:.2f}")
-    _volumes(vols)
 
 
 def _volumes(vols: list[dict]) -> None:

@@ -171,6 +171,13 @@ class Snapshot:
             }
         return {"now": iso(self.now), "providers": out}
 
+    def budget(self) -> dict | None:
+        """This period against ``[budget]`` (``budget.standing``); None where none is set."""
+        from orchestrator import budget
+
+        st = budget.standing(self._ledger, self.now) if self._ledger is not None else None
+        return st.to_dict() if st else None
+
     # -- runs -------------------------------------------------------------------------------------
     def run_rows(self) -> list[dict]:
         """Every run, newest first; the latest run of each instance name carries the loss curve from
@@ -384,6 +391,10 @@ def page(snap: Snapshot) -> str:
         f'<header><h1>orch fleet</h1><span class="fig"><b id="live-count">{len(live)}</b> live</span>'
         f'<span class="fig">billing now <b>{e(_money(burning))}/hr</b></span>'
         f'<span class="fig">spent <b id="spent-total">{e(_money(total))}</b></span>'
+        + "".join(f'<span class="fig" id="budget-{e(p["period"])}">{e(p["period"])} budget <b>'
+                  f'{e(_money(p["spent"]["total"]))} of {e(_money(p["budget_usd"]))}</b> '
+                  f'({e(_money(p["left_usd"]))} left)</span>' for p in (snap.budget() or {}).get("periods", []))
+        + 
         f'<span class="fig">as of {e(spend["now"])} (read-only; refreshes every {REFRESH_S} s)</span></header><main>',
         "<h2>Instances</h2>",
         f'<table id="instances">{_INSTANCE_HEAD}{_instance_rows(live)}</table>' if live else
@@ -558,6 +569,8 @@ class Handler(BaseHTTPRequestHandler):
             data = snap.spend()
         elif parts == ["runs"]:
             data = snap.run_rows()
+        elif parts == ["budget"]:
+            data = snap.budget()
         else:
             return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
         return self._json(HTTPStatus.OK, data)

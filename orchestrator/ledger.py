@@ -119,6 +119,20 @@ class Meta(SQLModel, table=True):
     value: str = Field(default="", sa_column=Column(Text))
 
 
+class Preemption(SQLModel, table=True):
+    """A place where a spot market took a machine, or said it would (``jobs.avoid``)."""
+
+    __tablename__ = "preemptions"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    provider: str = Field(max_length=32)
+    place: str = Field(max_length=128)  # a region or zone, a data center, a host: as the offer named it
+    gpu: Optional[str] = Field(default=None, max_length=128)
+    instance_name: Optional[str] = Field(default=None, max_length=64)
+    reason: Optional[str] = Field(default=None, sa_column=Column(Text))
+    at: datetime = Field(default_factory=now, index=True)
+
+
 class Job(SQLModel, table=True):
     """``orch run``: one training from a dataset to weights on disk, over as many attempts as it takes."""
 
@@ -391,12 +405,15 @@ class Ledger:
 
     # -- runs --------------------------------------------------------------------------
     def add_run(self, **fields: Any) -> Run:
+        return self._insert(Run(**fields))
+
+    def _insert(self, row):
+        """A new row written, and read back with what the database gave it (its id)."""
         with self.session() as s:
-            run = Run(**fields)
-            s.add(run)
+            s.add(row)
             s.commit()
-            s.refresh(run)
-            return run
+            s.refresh(row)
+            return row
 
     def update_run(self, run_id: int, **fields: Any) -> Run:
         with self.session() as s:
@@ -489,12 +506,7 @@ class Ledger:
             return s.get(Job, job_id)
 
     def add_attempt(self, **fields: Any) -> Attempt:
-        with self.session() as s:
-            attempt = Attempt(**fields)
-            s.add(attempt)
-            s.commit()
-            s.refresh(attempt)
-            return attempt
+        return self._insert(Attempt(**fields))
 
     def update_attempt(self, attempt_id: int, **fields: Any) -> Attempt:
         with self.session() as s:
@@ -526,6 +538,14 @@ class Ledger:
             row.value = value
             s.add(row)
             s.commit()
+
+    # -- preemptions -------------------------------------------------------------------
+    def add_preemption(self, **fields: Any) -> Preemption:
+        return self._insert(Preemption(**fields))
+
+    def preemptions(self, since: datetime) -> list[Preemption]:
+        with self.session(write=False) as s:
+            return list(s.exec(select(Preemption).where(Preemption.at >= since).order_by(Preemption.at)))
 
 
 def _revision(conn) -> str | None:

@@ -12,7 +12,8 @@ What each event is, from a ledger transition (``instance_event``, registered by 
 ``broken`` (its container exited or its host dropped); ``job`` (a job finished or failed) comes
 from ``job_ended``, which the job runner calls; ``schedule`` (a scheduled run skipped, and why)
 from ``scheduling``; ``volume`` (a volume unattached past ``volume_idle_days``, still billing) from
-``volumes.idle``, the reaper's look.
+``volumes.idle``, the reaper's look; ``budget`` (80 % of a ``[budget]`` period spent, or all of it
+and the jobs stopped) from ``jobs.budget``, the watcher's and the reaper's look.
 
 The URL is a secret (whoever has it posts to the channel): it is never printed, logged, put in an
 error or written to the ledger. Each post runs in a thread with a short timeout, so a slow webhook
@@ -86,6 +87,16 @@ def job_ended(name: str, state: str, detail: str = "") -> None:
             text = f"orch: job {clean(name, 64)} {clean(state, 16)}"
             post(url, text + (f": {clean(detail, 300)}" if detail else ""))
     except Exception as e:  # noqa: BLE001
+        _warn(f"{type(e).__name__}")
+
+
+def event(kind: str, text: str) -> None:
+    """``text`` posted as event ``kind`` where the webhook is set and wants it; never raises."""
+    try:
+        url, wanted = settings()
+        if url and kind in wanted:
+            post(url, text)
+    except Exception as e:  # noqa: BLE001 - a notification never breaks what caused it
         _warn(f"{type(e).__name__}")
 
 

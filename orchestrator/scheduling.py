@@ -365,11 +365,9 @@ def launch(orch, s, row, st: cron.Step) -> dict:
 def estimate(choice, sub) -> float | None:
     """The plan's estimate for the whole job: the plan's own (a training's epochs), else its $/hr
     for the job's --max-hours (a command's deadline); None where neither is known."""
-    if choice.usd is not None:
-        return choice.usd
-    if choice.price_hr is not None and sub.max_hours is not None:
-        return choice.price_hr * sub.max_hours
-    return None
+    from orchestrator import budget
+
+    return budget.estimate(choice.usd, choice.price_hr, sub.max_hours)
 
 
 def _refused(orch, s, name: str, e: OrchError) -> tuple[str, dict]:

@@ -30,6 +30,7 @@ RESERVED_ENV = ("ORCH_",)  # orch's own (nodes.node_env, ORCH_CHECKPOINT_DIR)
 DEFAULT_WORKDIR_MB = 200.0  # workdir_max_mb: a workdir is code and small files; data goes by other ways
 # What orch writes home beside the outputs (the run's log and status): an output of that name is refused.
 RESERVED_OUTPUTS = ("train.log", "status.json", ".orch-pull.json")
+PREEMPT_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "none")  # preempt_signal: what a spot notice sends
 
 
 class _Strict(BaseModel):
@@ -103,6 +104,7 @@ class Task(_Strict):
     checkpoint: Optional[str] = None
     checkpoint_minutes: float = Field(10.0, gt=0, le=100_000)
     keep_checkpoints: int = Field(1, ge=0, le=1000)  # copies kept at home after success (newest first)
+    preempt_signal: Literal["TERM", "INT", "HUP", "USR1", "USR2", "none"] = "TERM"  # on a spot notice
     max_cost: Optional[float] = Field(None, gt=0, lt=1e6)
     max_hours: Optional[float] = Field(None, gt=0, le=100_000)
     retries: int = Field(3, ge=0, le=20)
@@ -126,6 +128,7 @@ class CommandSpec:
     checkpoint: str | None = None  # normalised, relative to the workdir
     checkpoint_minutes: float = 10.0
     keep_checkpoints: int = 1  # the newest N copies of the checkpoint folder kept after success
+    preempt_signal: str = "TERM"  # what the command's process group gets on a spot interruption notice
     nodes: int = 1
     workdir_max_mb: float = DEFAULT_WORKDIR_MB
     excludes: list[str] = field(default_factory=list)  # filled in by workdir.pack
@@ -403,6 +406,8 @@ def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
         refuse(f"checkpoint {cmd.checkpoint!r} is not a folder inside the workdir")
     number(cmd.checkpoint_minutes, "checkpoint_minutes", 1e-9, 100_000)
     number(cmd.keep_checkpoints, "keep_checkpoints", 0, 1000, int)
+    if cmd.preempt_signal not in PREEMPT_SIGNALS:
+        refuse(f"preempt_signal {str(cmd.preempt_signal)[:20]!r} is not one of {', '.join(PREEMPT_SIGNALS)}")
     number(cmd.nodes, "nodes", 1, 64, int)
     number(cmd.workdir_max_mb, "workdir_max_mb", 1e-9, 100_000)
     if cmd.workdir_bytes is not None:

@@ -376,7 +376,8 @@ def digest(orch, run, raw: dict) -> dict:
         "mean_epoch_seconds": field_("mean_epoch_seconds", (int, float)),
         "pid": field_("pid", int) or run.pid, "run_dir": run.run_dir,
         "updated_at": clean(st.get("updated_at"), 40), "error": error or None,
-        "files": files, "problems": problems + refused,
+        "files": files, "problems": problems + refused, "notice": notice_of(raw),
+        "preempted": st.get("preempted") is True,
     }
     total = field_("total_seconds", (int, float))
     if state == "completed" and total and completed:
@@ -393,6 +394,15 @@ def digest(orch, run, raw: dict) -> dict:
         fields["ended_at"] = min(ended, now) if ended else now
     orch.ledger.update_run(run.id, **{k: v for k, v in fields.items() if v is not None})
     return view
+
+
+def notice_of(raw) -> dict | None:
+    """The spot notice the instance's watchdog wrote (``preempt.json``), its fields checked and made
+    printable (the instance is untrusted); None without one."""
+    got = raw.get("notice") if isinstance(raw, dict) else None
+    if not isinstance(got, dict) or got.get("kind") not in ("instance-action", "rebalance"):
+        return None
+    return {"kind": got["kind"], "action": clean(got.get("action"), 20), "time": clean(got.get("time"), 40)}
 
 
 def parse_time(value) -> datetime | None:

@@ -52,7 +52,11 @@ def config(orch, inst, work: str, commands: dict[str, str]) -> dict[str, Any]:
     f = history(orch, inst)
     be = rules.break_even_hours(f.rebuild_cost, inst.stopped_price_hr)
     action, why = rules.idle_action(pol, "stop" in commands, be, inst.provider, can_destroy="destroy" in commands)
-    return {"name": inst.name, "instance": inst.id, "work": work, "interval": INTERVAL_S,
+    try:  # where a spot interruption notice is read (an instance metadata service), if anywhere
+        notice_url = orch.provider(inst.provider).notice_url(bool(inst.spot))
+    except OrchError:
+        notice_url = None
+    return {"name": inst.name, "instance": inst.id, "work": work, "interval": INTERVAL_S, "notice_url": notice_url,
             "idle_minutes": pol.idle_minutes, "max_hours": pol.max_hours,
             "first_ready_at": f.first_ready_at.timestamp() if f.first_ready_at else time.time(),
             "idle_action": action, "deadline_action": action, "why": why, "protected": bool(inst.protected),

@@ -85,7 +85,7 @@ def private_ip(c, fallback: str) -> str:
 
 @task
 def start(c, run_dir: str, cwd: str, setup: str | None, run: str, env: dict[str, str],
-          secrets: dict[str, str]) -> int:
+          secrets: dict[str, str], preempt_signal: str = "TERM") -> int:
     """Write the scripts and the spec into the run folder, and start ``command_entry.py`` detached,
     output to the run's train.log (``$W/orch/train.log`` points there, for `orch logs`). The
     secrets travel in ``host.detach``'s 0600 file, sourced and removed: never on a command line,
@@ -94,7 +94,8 @@ def start(c, run_dir: str, cwd: str, setup: str | None, run: str, env: dict[str,
     work = host.workdir(c)
     entry = host.upload(c, "command_entry.py")
     remote.run(c, f"mkdir -p {q(run_dir)}")
-    spec = {"run_dir": run_dir, "cwd": cwd, "env": env, "run": remote.put_text(c, run, f"{run_dir}/run.sh", 0o644)}
+    spec = {"run_dir": run_dir, "cwd": cwd, "env": env, "run": remote.put_text(c, run, f"{run_dir}/run.sh", 0o644),
+            "preempt_signal": preempt_signal}
     spec["setup"] = remote.put_text(c, setup, f"{run_dir}/setup.sh", 0o644) if setup else None
     spec_path = remote.put_text(c, json.dumps(spec), f"{run_dir}/command.json", 0o644)
     log = f"{run_dir}/train.log"

@@ -119,5 +119,5 @@ def detach(c, argv: list[str], log: str, cwd: str | None = None, env: dict[str, 
 
 
 # Scripts that import a sibling: both go up together.
-_DEPENDS = {"hf_download.py": ("extract.py",), "train_entry.py": ("hub_push.py",),
+_DEPENDS = {"hf_download.py": ("extract.py",), "train_entry.py": ("hub_push.py", "preempt_save.py"),
             "staged.py": ("extract.py", "tree.py"), "probe.py": ("verify_device.py",)}

@@ -109,6 +109,7 @@ def start(c, spec: dict, env: dict[str, str], launcher: list[str] | None = None)
     work = host.workdir(c)
     entry = host.upload(c, "train_entry.py")
     host.upload(c, "hub_push.py")
+    host.upload(c, "preempt_save.py")  # train_entry imports both
     run_json = remote.put_text(c, json.dumps(spec), f"{work}/bin/run-{spec['name']}.json")
     remote.run(c, f": > {shlex.quote(work + '/train.log')}")  # this run's log, not the last one's
     return host.detach(c, [host.python(c), *(launcher or []), entry, run_json], f"{work}/train.log", cwd=work,

@@ -68,6 +68,8 @@ def up(
         request = placed.request(request)
         if provider is None and placed.provider != plugins.default_provider():
             provider = placed.provider
+    refuse_over_budget(f"orch up {name}", None if cheapest else renter(provider or plugins.default_provider()),
+                       request, nodes, max_hours)
     if nodes > 1:
         from orchestrator.cli import groups
 
@@ -127,6 +129,17 @@ def up(
         _summary(inst, as_json)
         return
     _after_launch(orch, inst, holder["run"], wait, as_json)
+
+
+def refuse_over_budget(what: str, provider, request, nodes: int, hours: float | None) -> None:
+    """``[budget]``: an instance whose known price for ``hours`` (``--max-hours``) does not fit what
+    is left, or any once nothing is left, is refused (exit 2) before anything is made."""
+    from orchestrator import budget
+
+    if not budget.limits()[0]:
+        return
+    price = provider.known_price_hr(request) if provider is not None else None
+    budget.check(open_orch().ledger, budget.estimate(None, None if price is None else price * nodes, hours), what)
 
 
 def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,

@@ -64,6 +64,8 @@ def run(
                                                           "are removed once the new plan holds (never a running "
                                                           "job's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the job as JSON."),
+    avoid_preempted: bool = typer.Option(False, "--avoid-preempted", help="Leave out the offers of a place that "
+                                         "preempted within preempted_hours (default: rank them last)."),
     **options,
 ):
     """Train from a dataset to weights on disk, or run any command (`-f task.yaml`, `NAME -- CMD`):
@@ -85,6 +87,10 @@ def run(
         max_price = None
     if sub is None:
         sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run, replace)
+    if avoid_preempted:
+        from dataclasses import replace
+
+        sub = replace(sub, spec=replace(sub.spec, avoid_preempted=True))
     _check_caps(sub)
     _submit(sub, dry_run, wait, as_json)
 
@@ -198,7 +204,7 @@ def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
     _show(orch, job, as_json)
     if watched:
         say(watched)  # what does: the watcher (started first, so it looks while this prints) or the reaper
-    if job.state == jobs.FAILED:
+    if job.state in (jobs.FAILED, jobs.STOPPED):
         sys.exit(1)
 
 

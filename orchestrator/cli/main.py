@@ -28,10 +28,10 @@ def _fast(args: list[str]):
         return lambda: fleet.show("--all" in flags or "-a" in flags, "--json" in flags)
     if args[:1] == ["cost"] and flags <= {"--json"}:
         def cost() -> None:
-            from orchestrator import cost as costs
+            from orchestrator import budget
             from orchestrator.lifecycle import Orch
 
-            costs.show(Orch.open(say=lambda m: print(m, file=sys.stderr), lazy=True).ledger, as_json="--json" in flags)
+            budget.show_cost(Orch.open(say=lambda m: print(m, file=sys.stderr), lazy=True).ledger, as_json="--json" in flags)
 
         return cost
     if args[:1] == ["reap"] and flags <= {"--dry-run", "--json"}:
@@ -111,7 +111,7 @@ def click_command():
     made anew): once per process. A process forked after it was built (tests/zygote.py) inherits it."""
     import typer
 
-    from orchestrator.cli import instances, jobs, exec, schedule, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard, volume  # noqa: F401,I001  (their commands, in help order)
+    from orchestrator.cli import instances, jobs, exec, schedule, offers, reaper, reconcile, check, data, export, db, demo, sshconfig, dashboard, volume, budget  # noqa: F401,I001  (their commands, in help order)
     from orchestrator.cli.app import app
 
     return typer.main.get_command(app)

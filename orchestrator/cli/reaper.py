@@ -115,7 +115,9 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
         from orchestrator.lifecycle import check_name
 
         check_name(name)
-    costs.show(open_orch(lazy=True).ledger, name, start, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
+    from orchestrator import budget
+
+    budget.show_cost(open_orch(lazy=True).ledger, name, start, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
 
 
 def _set_protected(name: str, on: bool) -> None:

@@ -170,12 +170,12 @@ def add(
 
 
 def _known_price(sub) -> float | None:
-    """A CPU task's $/hr where its provider knows it before renting (the local provider's)."""
+    """A CPU task's (or a given offer's) $/hr where its provider knows it before renting (the local provider's)."""
     from orchestrator import plugins
-    from orchestrator.jobs.plan import cpu_price
+    from orchestrator.jobs.plan import known_price
 
     providers = sub.spec.providers or [plugins.default_provider()]
-    return cpu_price(providers[0], sub.spec.request)
+    return known_price(providers[0], sub.spec.request)
 
 
 @schedule_app.command("ls")

@@ -240,7 +240,7 @@ def command_spec(t, path, lines, base: Path):
                             outputs=[task.under_workdir(o, "output", "") for o in t.outputs],
                             checkpoint=task.under_workdir(t.checkpoint, "checkpoint", "") if t.checkpoint else None,
                             checkpoint_minutes=t.checkpoint_minutes, nodes=t.nodes, workdir_max_mb=t.workdir_max_mb,
-                            keep_checkpoints=t.keep_checkpoints)
+                            keep_checkpoints=t.keep_checkpoints, preempt_signal=t.preempt_signal)
 
 
 def _say_translation(path, lines) -> None:

@@ -11,9 +11,10 @@ from orchestrator.jobs.caps import cost
 from orchestrator.jobs.engine import advance, advance_all, cancel
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.spec import MAX_GROUP_JOB_NAME, MAX_NAME, MAX_RETRIES, JobSpec, Submission, check_job_name
-from orchestrator.jobs.states import ACTIVE, CANCELLED, COMPLETED, ENDED, FAILED, PLANNED, RECOVERING, RUNNING
+from orchestrator.jobs.states import (ACTIVE, CANCELLED, COMPLETED, ENDED, FAILED, PLANNED, RECOVERING, RUNNING,
+                                      STOPPED)
 from orchestrator.jobs.submit import Submitted, submit
 
-__all__ = ["ACTIVE", "ENDED", "PLANNED", "RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED", "MAX_NAME",
-           "MAX_GROUP_JOB_NAME", "MAX_RETRIES", "Choice", "JobSpec", "Submission", "Submitted", "advance",
+__all__ = ["ACTIVE", "ENDED", "PLANNED", "RUNNING", "RECOVERING", "COMPLETED", "FAILED", "CANCELLED", "STOPPED",
+           "MAX_NAME", "MAX_GROUP_JOB_NAME", "MAX_RETRIES", "Choice", "JobSpec", "Submission", "Submitted", "advance",
            "advance_all", "cancel", "check_job_name", "check_plan", "cost", "plan", "submit"]

@@ -42,7 +42,7 @@ from orchestrator.jobs.record import checkpoint_dir, job_dir, note, weights_dir
 from orchestrator.jobs.spec import JobSpec, attempt_name
 from orchestrator.jobs.states import (ACTIVE, ATTEMPT_DONE, ATTEMPT_RUNNING, CANCELLED, COMPLETED, ENDED, FAILED,
                                       INTERRUPTED, LAUNCH_FAILED, LAUNCHING, LOST, PLANNED, RECOVERING, RUNNING,
-                                      STOPPED_BY_JOB)
+                                      STOPPED, STOPPED_BY_JOB)
 from orchestrator.provider import can_stop
 from orchestrator.text import clean
 from orchestrator.text import why as _why
@@ -128,7 +128,8 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     name = name or attempt_name(job.name, number)
     _link_runs(orch.home, job.name, name)
     attempt = orch.ledger.add_attempt(job_id=job.id, number=number, instance_name=name, provider=choice.provider,
-                                      offer=json.dumps({"key": choice.key, "line": choice.line}),
+                                      offer=json.dumps({"key": choice.key, "line": choice.line,
+                                                        "place": choice.place, "gpu": choice.gpu}),
                                       price_hr=choice.price_hr, state=LAUNCHING)
     t0 = time.monotonic()
     marks: dict = {}
@@ -227,6 +228,11 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
                 check_plan(choice, job.max_cost, caps.cost(orch, job))
             except UsageError as e:
                 return finish_job(orch, job, FAILED, _why(e))
+            from orchestrator.jobs import budget
+
+            over = budget.refusal(orch, choice, job)
+            if over:  # nothing rented: the job ends stopped, its copy kept
+                return finish_job(orch, job, STOPPED, f"budget: {over}" + _kept(orch, job, "; "))
         number = (attempts[-1].number if attempts else 0) + 1
         job = note(orch, job, f"attempt {number}: {choice.line}")
         try:
@@ -255,6 +261,12 @@ def start(orch, job, choice=None):
 def advance(orch, job):
     """One look at an active job, and the step it calls for. A job another orch process is
     advancing is returned as the ledger has it."""
+    return _held(orch, job, lambda job: _advance(orch, job))
+
+
+def _held(orch, job, step):
+    """``step`` on the job as the ledger has it now, under its claim; the job as given where it
+    has ended or another orch process holds it."""
     if job.state in ENDED:
         return job
     with claims.try_hold(orch.ledger, claim(job.name)) as mine:
@@ -263,16 +275,19 @@ def advance(orch, job):
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
             return job
-        return _advance(orch, job)
+        return step(job)
 
 
 def advance_all(orch) -> list[dict]:
-    """Every active job, one look each (the reaper's ``after``): one job's trouble never stops the others."""
+    """Every active job, one look each (the reaper's ``after``, the watcher's look): one job's
+    trouble never stops the others. A ``[budget]`` spent first stops them all (``jobs.budget``)."""
     from orchestrator import ledger_sql
+    from orchestrator.jobs import budget
 
     out: list[dict] = []
     if not ledger_sql.jobs_in(ACTIVE, orch.ledger.url):  # plain SQL: no job, no ledger opened
         return out
+    out.extend(budget.guard(orch, stop))
     for job in orch.ledger.jobs(ACTIVE):
         try:
             job = advance(orch, job)
@@ -308,7 +323,8 @@ def _advance(orch, job):
         return _complete(orch, job, js, attempt, inst, "its weights were pulled before")
     if attempt.state == STOPPED_BY_JOB:  # stopped by a cap or a cancel that did not get to its end
         _destroy_attempt(orch, job, inst, f"job {job.name}: {attempt.reason or 'stopped'}")
-        return finish_job(orch, job, FAILED, attempt.reason or "stopped")
+        by_budget = (attempt.reason or "").startswith("budget:")
+        return finish_job(orch, job, STOPPED if by_budget else FAILED, attempt.reason or "stopped")
     try:
         inst = orch.refresh(inst)
     except OrchError as e:  # the provider did not answer: nothing is known, look again later
@@ -327,6 +343,10 @@ def _advance(orch, job):
     last = next((e for e in reversed(events) if e.from_state != e.to_state), None)
     # "recorded by": the actor that wrote the event, which the reason itself says did it or not
     why = f"instance {inst.state}" + (f" ({clean(last.reason, 200)}, recorded by {last.actor})" if last else "")
+    if inst.state == states.PREEMPTED:  # its place is avoided for a while (``avoid``)
+        from orchestrator.jobs import avoid
+
+        avoid.record_loss(orch, attempt, inst, why)
     return _lost(orch, job, js, attempt, inst, run, why)
 
 
@@ -357,6 +377,9 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
         orch.ledger.update_attempt(attempt.id, unreachable_since=None)
     if view.get("epoch") is not None and view["epoch"] != job.epoch:
         job = orch.ledger.update_job(job.id, epoch=view["epoch"])
+    notice = view.get("notice")
+    if notice:  # the provider will take the machine: the checkpoint copy now, not at checkpoint_minutes
+        job = _on_notice(orch, job, js, attempt, inst, run, notice)
     state = view["state"]
     if state == "completed":
         return _finish(orch, job, js, attempt, inst, run, view)
@@ -366,6 +389,13 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if gone:
         return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
+    if notice and notice["kind"] == "instance-action" and (view.get("preempted") or (state in ("failed", "crashed")
+                                                                                     and not own)):
+        from orchestrator.jobs import avoid  # it ended on the notice's signal: a loss, relaunched
+
+        why = f"{_noticed(notice)}; " + (f"the command ended ({own})" if own else f"the training {state}")
+        avoid.record_loss(orch, attempt, inst, why)  # its place is avoided for a while
+        return _lost(orch, job, js, attempt, inst, run, why)
     if own:  # the work's own failure: no relaunch repeats it
         return _failed(orch, job, js, attempt, inst, run, view, own)
     if state in ("failed", "crashed"):
@@ -377,6 +407,30 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
     if over:
         return _stop_over_cap(orch, job, js, attempt, inst, run, over)
     return orch.ledger.update_job(job.id, reason=None) if job.reason else job
+
+
+def _noticed(notice: dict) -> str:
+    if notice["kind"] == "rebalance":
+        return f"a spot rebalance recommendation ({notice['time']})"
+    return f"a spot interruption notice ({notice['action']} at {notice['time']})"
+
+
+def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
+    """A spot notice seen (once per attempt and notice): the checkpoint copy taken at once."""
+    key = f"{attempt.id}:{notice['kind']}:{notice['time']}"
+    phases = record.loads(job.phases, {})
+    if phases.get("notice") == key:
+        return job
+    phases["notice"] = key
+    job = note(orch, orch.ledger.update_job(job.id, phases=json.dumps(phases)),
+               f"{_noticed(notice)} on {inst.name}: taking the checkpoint copy now")
+    try:
+        kept, problem = js.kind_of().take_checkpoint(orch, job, inst, run)
+        if kept or problem:
+            note(orch, job, kept or f"no checkpoint copy on the notice: {problem}")
+    except OrchError as e:
+        note(orch, job, f"no checkpoint copy on the notice: {_why(e)}")
+    return orch.ledger.get_job(job.id)
 
 
 # -- endings ---------------------------------------------------------------------------------
@@ -636,18 +690,32 @@ def cancel(orch, job, wait: float = 120.0):
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
             raise UsageError(f"job {job.name} is already {job.state}")
-        attempt = _current(orch, job)
-        inst = orch.ledger.get(attempt.instance_id) if attempt and attempt.instance_id else None
-        if inst is not None and inst.state in states.LIVE:
-            run = orch.ledger.latest_run(inst.id)
-            if inst.state == states.READY and run is not None and run.run_dir:
-                _bring_home(orch, job, JobSpec.of(job), inst, run, "before cancelling")
-            if attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
-                _end_attempt(orch, attempt, STOPPED_BY_JOB, "cancelled by the user")
-            problem = _destroy_attempt(orch, job, inst, f"job {job.name} cancelled")
-            if problem:
-                raise OrchError(f"job {job.name}: could not destroy {inst.name} ({problem}); the job stays "
-                                f"{job.state}: `orch jobs cancel {job.name}` again")
-        elif attempt is not None and attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
-            _end_attempt(orch, attempt, STOPPED_BY_JOB, "cancelled by the user")
-        return finish_job(orch, orch.ledger.get_job(job.id), CANCELLED, "cancelled by the user")
+        return _end_now(orch, job, CANCELLED, "cancelled by the user", "cancelled",
+                        f"`orch jobs cancel {job.name}` again")
+
+
+def stop(orch, job, why: str):
+    """The job ended ``stopped`` now (the budget is spent: ``jobs.budget``), as a cancel ends it;
+    a job another process is advancing is left to the next look."""
+    return _held(orch, job, lambda job: _end_now(orch, job, STOPPED, why, "stopped", "the next look tries again"))
+
+
+def _end_now(orch, job, state: str, why: str, done: str, again: str):
+    """What can be pulled comes home, the attempt's instance is destroyed, the job ends ``state``."""
+    attempt = _current(orch, job)
+    inst = orch.ledger.get(attempt.instance_id) if attempt and attempt.instance_id else None
+    if inst is not None and inst.state in states.LIVE:
+        run = orch.ledger.latest_run(inst.id)
+        if inst.state == states.READY and run is not None and run.run_dir:
+            _bring_home(orch, job, JobSpec.of(job), inst, run, f"before it was {done}")
+        if attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
+            _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
+        problem = _destroy_attempt(orch, job, inst, f"job {job.name} {done}: {why[:200]}")
+        if problem:
+            raise OrchError(f"job {job.name}: could not destroy {inst.name} ({problem}); the job stays "
+                            f"{job.state}: {again}")
+    elif attempt is not None and attempt.state in (LAUNCHING, ATTEMPT_RUNNING):
+        _end_attempt(orch, attempt, STOPPED_BY_JOB, why)
+    if state == STOPPED:
+        why += f"; what came home is in {weights_dir(orch.home, job.name)}" + _kept(orch, job, ", ")
+    return finish_job(orch, orch.ledger.get_job(job.id), state, why)

@@ -24,6 +24,8 @@ class Choice:
     hours: float | None = None  # for the work left
     usd: float | None = None
     answer: Any = None  # the ranked offers it was chosen from (``offers.Answer``), for a dry run's table
+    place: str | None = None  # where the offer is (``avoid.place_of``): a preemption there is recorded so
+    gpu: str | None = None
 
     def to_dict(self) -> dict:
         return {"provider": self.provider, "offer": self.key, "line": self.line, "price_hr": self.price_hr,
@@ -45,7 +47,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         what = "a CPU-only instance" if req.cpu else f"offer {req.offer}"
         if js.nodes > 1:
             what = f"a group of {js.nodes} x {what}"
-        price = cpu_price(provider, req)
+        price = known_price(provider, req)
         if price is None:
             return Choice(provider, req, f"{provider}, {what} (given, nothing to rank: its $/hr is known once rented)"
                           + (f"; {placed}" if placed else ""))
@@ -65,6 +67,9 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     for name, why in answer.skipped:
         orch.say(f"      {name} not asked: {why}")
     rows = [r for r in answer.rows if f"{r.offer.provider}/{r.offer.offer_id}" not in (avoid or set())]
+    from orchestrator.jobs import avoid as places
+
+    rows, preempted = places.rank(orch, rows, js.avoid_preempted)  # a place that just preempted: last
     if js.nodes > 1:  # the group's prices (N machines) and its assumed speedup, stated in the line
         rows = offers.for_nodes(rows, js.nodes, offers.check_scaling(config.get("node_scaling",
                                                                                 offers.NODE_EFFICIENCY)))
@@ -74,6 +79,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
                          + (f" {placed}" if placed else "")
                          + "".join(dict.fromkeys(f"; {n}: {g} {w}" for n, g, w in answer.out_of_stock))
                          + (" (besides those that failed for this job)" if answer.rows else "")
+                         + (f"; {preempted}" if preempted else "")
                          + (f"; not asked: {', '.join(n for n, _ in answer.skipped)} (`orch check` says what each "
                             "needs)" if answer.skipped else ""))
     best = rows[0]
@@ -90,18 +96,18 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
         line = f"{js.nodes} nodes of: {line}"
     if total and left != total and usd is not None:
         line += f"; the {left} epochs left ~{hours:.2f} h, ${usd:.2f}"
+    if preempted:
+        line += f"; {preempted}"
     return Choice(best.offer.provider, chosen, line, f"{best.offer.provider}/{best.offer.offer_id}", price, hours,
-                  usd, answer)
+                  usd, answer, places.place_of(best.offer), best.offer.gpu_name)
 
 
-def cpu_price(provider: str, req: Request) -> float | None:
-    """A CPU-only instance's $/hr at ``provider`` where it is known before renting (the local
-    provider's configured price); None: known once rented."""
+def known_price(provider: str, req: Request) -> float | None:
+    """One machine's $/hr for ``req`` (a CPU-only instance, a hand-picked offer) at ``provider`` where
+    it is known before renting (the local provider's configured price); None: known once rented."""
     from orchestrator import config, plugins
 
-    if not req.cpu:
-        return None
-    return plugins.provider_class(provider)(config.provider_settings(provider)).cpu_price_hr(req)
+    return plugins.provider_class(provider)(config.provider_settings(provider)).known_price_hr(req)
 
 
 def check_plan(choice: Choice, max_cost: float | None, spent: float = 0.0) -> None:

@@ -99,6 +99,7 @@ class JobSpec:
     # What it mounts (``volume_uses.Use`` as dicts: names and paths): placed again at each plan, so a
     # relaunch goes where the volumes are (``volume_mounts.narrow``).
     volumes: list[dict] | None = None
+    avoid_preempted: bool = False  # offers where a spot market just took a machine: left out (else last)
 
     def to_json(self) -> str:
         from orchestrator.jobs.kinds import KINDS
@@ -111,7 +112,8 @@ class JobSpec:
         return json.dumps({"train": None, self.kind: work, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
                            "nodes": self.nodes, "max_price": self.max_price, "volumes": self.volumes,
-                           "min_vram": self.min_vram, "max_vram": self.max_vram},
+                           "min_vram": self.min_vram, "max_vram": self.max_vram,
+                           "avoid_preempted": self.avoid_preempted},
                           sort_keys=True)
 
     @classmethod
@@ -139,7 +141,7 @@ class JobSpec:
                        providers=d.get("providers"), ssh_timeout=d.get("ssh_timeout"),
                        policy=d.get("policy") or "{}", images=d.get("images"), nodes=d.get("nodes") or 1,
                        max_price=d.get("max_price"), volumes=d.get("volumes"), min_vram=d.get("min_vram"),
-                       max_vram=d.get("max_vram"))
+                       max_vram=d.get("max_vram"), avoid_preempted=d.get("avoid_preempted") is True)
         except (TypeError, ValueError, AttributeError) as e:
             raise UsageError(f"the job's stored spec is refused: {e}") from None
         _refused(spec)

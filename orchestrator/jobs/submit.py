@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.jobs import engine, record, resume_copy
+from orchestrator.jobs import budget, engine, record, resume_copy
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.record import forget, note
 from orchestrator.jobs.spec import Submission
@@ -41,6 +41,9 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
     choice = plan(orch, js)
     check_plan(choice, sub.max_cost)
     orch.say(f"plan: {choice.line}")
+    said = budget.before(orch, choice, sub, dry_run)  # refused here (exit 2) when it does not fit: nothing made
+    if said:
+        orch.say(f"      {said}")
     if dry_run:
         return Submitted(choice)
     if sub.max_cost is not None and choice.usd is None:

@@ -146,9 +146,17 @@ class Provider(ABC):
         (the wait then fails at once, and ``orch up`` destroys it); None: keep waiting."""
         return None
 
-    def cpu_price_hr(self, request: Request) -> float | None:
-        """What one CPU-only instance for ``request`` costs an hour, where it is known before
-        renting (a fixed price of this provider's); None: known once rented."""
+    def notice_url(self, spot: bool) -> str | None:
+        """The instance metadata service where an instance of this provider reads a spot
+        interruption notice (the on-instance watchdog polls it, ``playbooks/on_instance/watchdog.py``);
+        None where none is given: RunPod and Vast.ai stop an instance without notice."""
+        return None
+
+    def known_price_hr(self, request: Request) -> float | None:
+        """$/hr of what ``request`` rents where it is known before the create without asking (a
+        fixed price of this provider's, e.g. the one config.toml sets): what a plan shows and holds
+        against --max-price for a CPU instance or a hand-picked offer, and what a budget checks.
+        None: known once rented."""
         return None
 
     def prices(self, remote: Remote) -> tuple[float, float]:

@@ -11,7 +11,10 @@ the job's environment; the secrets came in this process's environment, never in 
 
 status.json: ``state`` running / completed (exit 0) / failed (with ``exit_code`` and the
 ``phase``, setup or run, that failed), ``pid`` (this process: alive while the command runs),
-``started_at``, ``updated_at`` (a heartbeat every minute), ``ended_at``.
+``started_at``, ``updated_at`` (a heartbeat every minute), ``ended_at``; ``preempt_signal``, what
+the watchdog sends this process group on a spot interruption notice, which it writes to
+``ORCH_PREEMPT_FILE`` (the work dir's ``preempt.json``) first; ``preempted`` once a command that
+had the notice ended on a failure (the controller then relaunches it, rather than failing the job).
 """
 import datetime
 import hashlib
@@ -22,6 +25,7 @@ import subprocess
 import sys
 
 HEARTBEAT_S = 60.0
+PREEMPT_FILE = "preempt.json"  # in the work dir, the run folder's grandparent (watchdog.py writes it)
 
 
 def now():
@@ -68,8 +72,10 @@ def main(spec_path):
     os.makedirs(cwd, exist_ok=True)
     env = dict(os.environ)
     env.update(spec.get("env") or {})
+    preempt_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))), PREEMPT_FILE)
+    env["ORCH_PREEMPT_FILE"] = preempt_file
     status = {"state": "running", "phase": "setup", "pid": os.getpid(), "kind": "command",
-              "started_at": now(), "exit_code": None}
+              "started_at": now(), "exit_code": None, "preempt_signal": spec.get("preempt_signal") or "TERM"}
     setup = spec.get("setup")
     if setup:
         digest = hashlib.sha256(open(setup, "rb").read()).hexdigest()[:16]
@@ -90,6 +96,8 @@ def main(spec_path):
     write(run_dir, status)
     code = run_script(spec["run"], cwd, env, status, run_dir)
     status.update(state="completed" if code == 0 else "failed", exit_code=code, ended_at=now())
+    if code != 0 and os.path.exists(preempt_file):
+        status["preempted"] = True
     write(run_dir, status)
     print(f"[orch] run exited {code}", flush=True)
     return code

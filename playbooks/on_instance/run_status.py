@@ -1,7 +1,8 @@
 """Run on the instance (standard library only): the training run's state in a few hundred bytes.
 
 Prints one JSON line: status.json as LibreYOLO wrote it, whether the training process is alive,
-how long since status.json last moved, and the files worth pulling with their size and mtime.
+how long since status.json last moved, the files worth pulling with their size and mtime, and the
+spot notice the watchdog wrote (``preempt.json`` in the work dir, the run folder's grandparent).
 """
 import json
 import os
@@ -69,5 +70,11 @@ if not live and isinstance(status, dict) and status.get("state") in ("starting",
         status = json.loads((run_dir / "status.json").read_text())
     except (OSError, ValueError):
         pass
+notice = None
+try:
+    with open(run_dir.parent.parent / "preempt.json") as f:
+        notice = json.loads(f.read(4096))
+except (OSError, ValueError):
+    pass
 print("ORCH_RESULT " + json.dumps({"status": status, "alive": live, "moved_s": moved,
-                                 "files": files, "exists": run_dir.is_dir()}))
+                                 "files": files, "exists": run_dir.is_dir(), "notice": notice}))

@@ -144,7 +144,10 @@ def build(kwargs):
 
 
 def api(spec):
-    callbacks = []
+    import preempt_save  # beside this file, as hub_push
+
+    preempt_save.arm()  # a spot notice's SIGTERM: this epoch saved first, then the end
+    callbacks = [preempt_save.OrchPreemptSave()]
     if spec.get("push_to"):
         # A class from a module beside this file, not exec'd source: LibreYOLO pickles callbacks
         # for its GPU workers, which import it by name.

@@ -13,8 +13,20 @@ re-read on every check. Every few seconds the watchdog looks at what says the in
 It writes what it saw and decided to ``watchdog.json`` *before* acting. Idle for
 ``idle_minutes`` (since the last activity, or since it started), or past the ``max_hours``
 deadline, it runs its provider's self-stop command, whose keys come from the environment. It
-never signals the training itself; it destroys only when the weights were pulled since they last
-changed (else it stops: the disk keeps them).
+destroys only when the weights were pulled since they last changed (else it stops: the disk
+keeps them).
+
+**Spot notices.** Where the config names a metadata service (``notice_url``: EC2's, for a spot
+instance), each check asks it, IMDSv2 style: a session token first (``PUT /latest/api/token``),
+then ``GET /latest/meta-data/spot/instance-action`` (404 until EC2 will interrupt the instance,
+two minutes ahead; AWS suggests asking every 5 s) and ``events/recommendations/rebalance`` (404
+until the risk of an interruption rises). On a notice it writes ``preempt.json`` in the work dir
+(``ORCH_PREEMPT_FILE`` of every command), which the controller reads at its next look and answers
+with a checkpoint copy at once; on the interruption notice itself it also signals each run once: a
+command's process group with the signal its task chose (``preempt_signal``, TERM by default), a
+LibreYOLO training's process with SIGTERM (``train_entry`` finishes and saves its epoch, then ends).
+Sources: EC2 User Guide, "Spot Instance interruption notices", "EC2 instance rebalance
+recommendations" and "Use the Instance Metadata Service to access instance metadata".
 
     python watchdog.py run CONFIG     the daemon (one per instance: a second one exits at once)
     python watchdog.py probe WORKDIR  one look, printed as an ``ORCH_RESULT {json}`` line
@@ -25,14 +37,22 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 GPU_BUSY = 10.0  # % utilisation at or above which a GPU counts as in use (the reaper's too)
 RETRY_S = 60.0  # a self-stop that failed, or that has not taken effect, is tried again after this
 DEFAULT_INTERVAL = 5.0
 PTY_MAJORS = range(136, 144)  # Unix98 pseudo-terminals (/dev/pts/N)
+PREEMPT_FILE = "preempt.json"  # in the work dir: ORCH_PREEMPT_FILE (command_entry.py, run_status.py)
+TOKEN_TTL_S = 21600  # IMDSv2's session token: the longest it may live (six hours)
+IMDS_TIMEOUT_S = 2.0
+SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "HUP": signal.SIGHUP, "USR1": signal.SIGUSR1,
+           "USR2": signal.SIGUSR2}
 
 
 # -- what the instance is doing -----------------------------------------------------------------
@@ -207,6 +227,103 @@ def step(cfg, mem, seen, now, last_write=None, safe=True):
     return mem, want, reason, want
 
 
+# -- spot notices ---------------------------------------------------------------------------------
+class Metadata:
+    """An instance metadata service asked the IMDSv2 way: a token, then GETs that carry it."""
+
+    def __init__(self, url):
+        self.url = url.rstrip("/")
+        self.token, self.until = None, 0.0
+
+    def _token(self):
+        if self.token is None or time.time() >= self.until:
+            req = urllib.request.Request(f"{self.url}/latest/api/token", method="PUT", data=b"",
+                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+            with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT_S) as r:
+                self.token = r.read(4096).decode().strip()
+            self.until = time.time() + TOKEN_TTL_S - 60
+        return self.token
+
+    def get(self, path):
+        """The JSON object at ``path``; None while it is not there (404)."""
+        for attempt in (0, 1):
+            req = urllib.request.Request(f"{self.url}/latest/meta-data/{path}",
+                                         headers={"X-aws-ec2-metadata-token": self._token()})
+            try:
+                with urllib.request.urlopen(req, timeout=IMDS_TIMEOUT_S) as r:
+                    data = json.loads(r.read(65536) or b"null")
+                return data if isinstance(data, dict) else None
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    return None
+                if e.code == 401 and attempt == 0:  # the token expired: a new one, once
+                    self.token = None
+                    continue
+                raise
+        return None
+
+
+def notice(meta):
+    """The notice the metadata service gives now: the interruption one first, else the rebalance
+    recommendation; None when there is none, or the service does not answer."""
+    try:
+        action = meta.get("spot/instance-action")
+        if action:
+            return {"kind": "instance-action", "action": str(action.get("action"))[:20],
+                    "time": str(action.get("time"))[:40]}
+        rebalance = meta.get("events/recommendations/rebalance")
+        if rebalance:
+            return {"kind": "rebalance", "time": str(rebalance.get("noticeTime"))[:40]}
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return None
+
+
+def runs_to_tell(work, procs, scope=None):
+    """[(pid, signal name or None, whole group)] for each live run: a command (its status.json
+    says ``kind: command`` and its ``preempt_signal``), signalled as a group; a training, its
+    own process."""
+    out = []
+    for path in glob.glob(os.path.join(work, "runs", "*", "status.json")):
+        st = _load(path)
+        pid = st.get("pid") if isinstance(st, dict) else None
+        if not isinstance(pid, int) or pid not in procs or st.get("state") not in ("running", "starting") \
+                or not _in_scope(pid, scope):
+            continue
+        if st.get("kind") == "command":
+            out.append((pid, st.get("preempt_signal", "TERM"), True))
+        else:
+            out.append((pid, "TERM", False))
+    known = {pid for pid, _, _ in out}
+    for pid in procs:  # a training that has not written its status.json yet
+        if pid not in known and b"train_entry.py" in _cmdline(pid) and _in_scope(pid, scope):
+            out.append((pid, "TERM", False))
+    return out
+
+
+def tell(work, found, told, scope=None):
+    """The notice written to ``preempt.json`` (always the newest) and, on the interruption notice,
+    each run signalled once (``told``: the pids already signalled). Returns what was signalled."""
+    _write(os.path.join(work, PREEMPT_FILE), {**found, "seen_at": time.time()})
+    done = []
+    if found["kind"] != "instance-action":
+        return done
+    for pid, name, group in runs_to_tell(work, processes(), scope):
+        sig = SIGNALS.get(name)
+        if pid in told or sig is None:
+            continue
+        told.add(pid)
+        try:
+            if group:
+                os.killpg(os.getpgid(pid), sig)
+            else:
+                os.kill(pid, sig)
+            done.append(f"{pid}:{name}{' (group)' if group else ''}")
+        except OSError:
+            continue
+    return done
+
+
 # -- the daemon -----------------------------------------------------------------------------------
 def _write(path, data):
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -251,14 +368,28 @@ def run(config_path):
     scope = os.environ.get("ORCH_INSTANCE_ID")
     mem = {"started_at": time.time(), "last_active_at": None, "was_training": False}
     history, last_action = [], None
+    try:  # a notice of this instance's previous life (before a stop) says nothing of this one
+        os.unlink(os.path.join(work, PREEMPT_FILE))
+    except OSError:
+        pass
+    meta, told, last_notice = None, set(), None
     while True:
         cfg = _load(config_path) or cfg
         now = time.time()
+        url = cfg.get("notice_url")
+        if isinstance(url, str) and url.startswith("http://"):
+            meta = meta if meta is not None and meta.url == url.rstrip("/") else Metadata(url)
+            found = notice(meta)
+            if found:
+                signalled = tell(work, found, told, scope)
+                if found != last_notice or signalled:
+                    print(f"watchdog: spot notice {json.dumps(found)}; signalled {signalled or 'nothing'}", flush=True)
+                last_notice = found
         seen = look(work, gpu=cfg.get("gpu", True), scope=scope)
         mem, decision, reason, action = step(cfg, mem, seen, now, last_run_write(work), weights_safe(work))
         state = {"pid": os.getpid(), "interval": cfg.get("interval", DEFAULT_INTERVAL), "checked_at": now,
                  "seen": seen, "decision": decision, "reason": reason, "protected": bool(cfg.get("protected")),
-                 "history": history, **mem}
+                 "history": history, "notice": last_notice, **mem}
         due = action and (last_action is None or now - last_action["at"] >= RETRY_S)
         if due:
             last_action = {"what": action, "at": now, "reason": reason, "rc": None, "error": None}

@@ -97,6 +97,13 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups, HasVolumes):
         self._await(provider_id, {Status.GONE}, self.number("destroy_timeout", 600), "terminate")
 
     # -- Stoppable: on demand only (EC2 User Guide, "Stop and start Spot Instances") -------
+    def notice_url(self, spot: bool) -> str | None:
+        """EC2's instance metadata service (IMDSv2): ``spot/instance-action`` two minutes before a
+        spot instance is interrupted, and ``events/recommendations/rebalance`` when the risk rises
+        (EC2 User Guide, "Spot Instance interruption notices" and "EC2 instance rebalance
+        recommendations"). ``metadata_url`` in ``[providers.aws]`` points elsewhere."""
+        return str(self.setting("metadata_url", "http://169.254.169.254")) if spot else None
+
     # A one-time spot instance cannot be stopped (only instances of a persistent request can):
     # ``stops(spot=True)`` says so, and its shutdown behaviour is terminate (``launch.run_args``).
     def stops(self, spot: bool) -> bool:

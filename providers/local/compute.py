@@ -153,7 +153,13 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
                 return
         raise ProviderError(f"could not remove {root}")
 
-    def cpu_price_hr(self, request: Request) -> float | None:
+    def notice_url(self, spot: bool) -> str | None:
+        """A metadata service of your own (``[providers.local] metadata_url``), for trying what an
+        EC2 spot notice does to a job on this machine; none by default."""
+        url = self.settings.get("metadata_url")
+        return str(url) if url else None
+
+    def known_price_hr(self, request: Request) -> float | None:
         """The price config.toml gives this machine, CPU or not: known before anything is made."""
         return float(self.settings.get("price_per_hour", 0.0))
 

@@ -135,7 +135,8 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
         with orch.connect(node) as c:
             kill_point("before-train")
             remote.put_text(c, hosts, hostfile, 0o644)
-            pid = command.start(c, run_dir, s["cwd"], None if node.id in kept else cmd.setup, cmd.run, env, secrets)
+            pid = command.start(c, run_dir, s["cwd"], None if node.id in kept else cmd.setup, cmd.run, env, secrets,
+                                cmd.preempt_signal)
         runs[rank] = orch.ledger.update_run(run.id, run_dir=run_dir, pid=pid, state="running", ended_at=None,
                                             args=json.dumps({"kind": "command", "node_rank": rank, "secrets": cmd.secrets},
                                                            sort_keys=True))
