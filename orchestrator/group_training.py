@@ -27,8 +27,7 @@ import json
 from typing import Any
 
 from orchestrator import parallel as par
-from orchestrator.errors import OrchError, UsageError
-from orchestrator.text import why as _why
+from orchestrator.runs import raise_first, stop
 
 
 def launch(orch, nodes: list, spec, notes: list | None = None) -> Any:
@@ -103,32 +102,3 @@ def launch(orch, nodes: list, spec, notes: list | None = None) -> Any:
     orch.say(f"      training {spec.model} for {spec.epochs} epochs on {size} nodes x {per_node} "
              f"(world size {size * per_node}), rendezvous {master}:{port}; rank 0 writes {run.run_dir}")
     return run
-
-
-def stop(orch, nodes: list) -> list[str]:
-    """End the training on every node that still answers (a lost node leaves the others waiting on
-    the process group for hours: nobody but orch ends them); returns why for those it could not."""
-    from orchestrator import states
-    from playbooks import train
-
-    def end(node) -> None:
-        node = orch.ledger.get(node.id)
-        run = orch.ledger.latest_run(node.id)
-        if node.state != states.READY or run is None or not run.pid:
-            return
-        with orch.connect(node) as c:
-            train.stop_training(c, run.pid)
-
-    return [f"{node.name}: {_why(e)}" for node, (_, e) in zip(nodes, par.each(end, nodes, len(nodes)))
-            if e is not None]
-
-
-def raise_first(nodes: list, outcomes: list, what: str) -> None:
-    """The lowest rank's failure among ``parallel.each``'s outcomes, raised as the group's."""
-    errors = [(rank, e) for rank, (_, e) in enumerate(outcomes) if e is not None]
-    if not errors:
-        return
-    rank, error = min(errors, key=lambda x: x[0])
-    if isinstance(error, KeyboardInterrupt):
-        raise error
-    raise (UsageError if isinstance(error, UsageError) else OrchError)(f"{what} on node {rank} ({nodes[rank].name}) failed: {_why(error)}") from error

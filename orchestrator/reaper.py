@@ -41,7 +41,7 @@ def utcnow() -> datetime:
 
 # -- looking at a ready instance ------------------------------------------------------------------
 class _NoWrites:
-    """Stands in for Orch where training.digest would update the run row: a dry run writes nothing."""
+    """Stands in for Orch where runs.digest would update the run row: a dry run writes nothing."""
 
     class ledger:  # noqa: N801 - mirrors Orch.ledger
         @staticmethod
@@ -51,17 +51,17 @@ class _NoWrites:
 
 def look(orch, inst, run, writes: bool = True) -> tuple[Observed, dict]:
     """One SSH connection: the watchdog's probe (activity, its state file) and the run's status."""
-    from orchestrator import training
+    from orchestrator import runs
     from playbooks import host, train
 
     with orch.connect(inst) as c:
         probe = host.script(c, "watchdog.py", "probe", host.workdir(c))
         raw = train.status(c, run.run_dir, run.pid) if run is not None and run.run_dir else None
-    view = training.digest(orch if writes else _NoWrites, run, raw) if raw is not None else None
+    view = runs.digest(orch if writes else _NoWrites, run, raw) if raw is not None else None
     run_state = view["state"] if view else (run.state if run else None)
     ended = None
     if view and view["state"] in ("completed", "failed") and view.get("updated_at"):
-        ended = training.parse_time(view["updated_at"])
+        ended = runs.parse_time(view["updated_at"])
         ended = min(ended, utcnow()) if ended else None
     if view and view["state"] == "crashed" or (ended is None and run_state in ("completed", "failed")):
         fresh = orch.ledger.latest_run(inst.id) if writes else run
@@ -81,9 +81,9 @@ def look(orch, inst, run, writes: bool = True) -> tuple[Observed, dict]:
 
 # -- acting ---------------------------------------------------------------------------------------
 def pull(orch, inst, run, why: str) -> str:
-    from orchestrator import training
+    from orchestrator import runs
 
-    got, where = training.pull(orch, inst, run)
+    got, where = runs.pull(orch, inst, run)
     watchdog.mark_pulled(orch, inst)
     text = f"pulled {len(got)} new file(s) to {where} ({why})" if got else f"weights already home in {where} ({why})"
     orch.ledger.note(inst.id, text, orch.actor)

@@ -251,7 +251,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
     work = str(status_json.parent.parent.parent)
     wait_for(lambda: not watchdog.training(watchdog.processes(), work, scope=iid), timeout=30,
              what="the training process to exit")
-    from orchestrator.training import parse_time
+    from orchestrator.runs import parse_time
 
     # clock: the idle rule's 0.05 min (3 s of wall time) counts from the run's end, status.json's updated_at
     ended = parse_time(json.loads(status_json.read_text())["updated_at"])

@@ -15,7 +15,7 @@ def demo(epochs: int = typer.Option(3, help="Epochs of the tiny CPU training."),
     import secrets
     import time
 
-    from orchestrator import dataset, plugins, training
+    from orchestrator import dataset, plugins, runs, training
     from orchestrator.provider import Request
 
     if not 1 <= epochs <= 100:
@@ -31,8 +31,8 @@ def demo(epochs: int = typer.Option(3, help="Epochs of the tiny CPU training."),
     inst = orch.up(name, plugins.embedded(), Request(name=name, cpu=True, disk_gb=training.disk_for(spec)[0]),
                    after_verify=lambda i: holder.update(run=training.launch(orch, i, spec)))
     run = holder["run"]
-    view = training.follow(orch, inst, run)
-    got, where = training.pull(orch, inst, run, view=view)
+    view = runs.follow(orch, inst, run)
+    got, where = runs.pull(orch, inst, run, view=view)
     if not keep:
         inst = orch.down(inst, "demo finished")
     out(f"demo {view['state']} in {time.monotonic() - t0:.0f} s: {inst.name} on {inst.provider} is {inst.state}")

@@ -142,7 +142,7 @@ def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
 def _refuse_busy(orch, name: str, head, nodes) -> None:
     """A machine a job runs on is the job's (its engine reads its latest run); one whose last run
     still runs would have two commands and one record of them."""
-    from orchestrator import jobs, training
+    from orchestrator import jobs, runs
 
     ids = {n.id for n in nodes}
     for job in orch.ledger.jobs(jobs.ACTIVE):
@@ -152,8 +152,8 @@ def _refuse_busy(orch, name: str, head, nodes) -> None:
                              "on a machine of yours that no job holds")
     run = orch.ledger.latest_run(head.id)
     if run is not None and run.run_dir:
-        state = training.read(orch, head, run)["state"]
-        if state not in training.ENDED:
+        state = runs.read(orch, head, run)["state"]
+        if state not in runs.ENDED:
             raise UsageError(f"{name} still runs r{run.id} ({state}): `orch logs {name} -f` follows it; orch exec "
                              "starts once it has ended")
 
@@ -190,12 +190,12 @@ def follow(orch, head, run, cmd) -> dict:
 def _bring_home(orch, head, run, cmd) -> Path:
     """The run's log and status (each node's), and the task's outputs, home (verified) to
     $ORCH_HOME/runs/NAME."""
-    from orchestrator import training
+    from orchestrator import runs
     from orchestrator.jobs.kinds import command
 
-    where = training.pulled_dir(orch, head.group_name if (head.group_size or 1) > 1 else head.name)
+    where = runs.pulled_dir(orch, head.group_name if (head.group_size or 1) > 1 else head.name)
     try:
-        _, where = training.pull(orch, head, run)
+        _, where = runs.pull(orch, head, run)
         command.node_logs(orch, head, where, cmd.secrets)  # a group's other nodes: train.nodeR.log
         if cmd.outputs:
             got, missing = command.pull_outputs(orch, head, cmd, where, strict=False)

@@ -15,7 +15,7 @@ from orchestrator.text import clean
 
 def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_timeout, wait: bool,
        as_json: bool) -> None:
-    from orchestrator import groups, plugins, training
+    from orchestrator import groups, plugins, runs, training
 
     orch = open_orch()
     provider = provider or plugins.default_provider()
@@ -37,8 +37,8 @@ def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_ti
                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, launch=launch if spec else None)
     run = holder.get("run")
     if run is not None and wait:
-        view = training.follow(orch, made[0], run)
-        got, where = training.pull(orch, made[0], run, view=view)
+        view = runs.follow(orch, made[0], run)
+        got, where = runs.pull(orch, made[0], run, view=view)
         say(f"      weights and run files of rank 0 in {where}")
         run = orch.ledger.get_run(run.id)
     show(orch, name, made, as_json, run=run)
@@ -98,15 +98,15 @@ def status(orch, name: str, as_json: bool) -> bool:
 
 def _run_view(orch, head, run) -> dict:
     """Rank 0's run: it alone writes checkpoints, status.json and metrics.jsonl."""
-    from orchestrator import training
+    from orchestrator import runs
     from orchestrator.errors import OrchError
     from orchestrator.views.instances import run_dict
 
     if head.state != "ready" or not run.run_dir:
         return run_dict(run)
     try:
-        view = training.read(orch, head, run)
-        training.pull(orch, head, run, view=view, only_milestones=True)
+        view = runs.read(orch, head, run)
+        runs.pull(orch, head, run, view=view, only_milestones=True)
     except OrchError as e:
         say(f"orch: warning: could not read the run on {head.name}: {e}")
         return run_dict(run)
@@ -116,7 +116,7 @@ def _run_view(orch, head, run) -> dict:
 def down(orch, name: str, no_pull: bool) -> bool:
     """`orch down NAME` for a group: rank 0's run home (unless --no-pull), then every node at once.
     False when NAME is no group."""
-    from orchestrator import claims, groups, training
+    from orchestrator import claims, groups, runs
     from orchestrator.errors import OrchError
 
     nodes = groups.live(orch.ledger, name)
@@ -131,7 +131,7 @@ def down(orch, name: str, no_pull: bool) -> bool:
                                 f"`orch down {name} --no-pull` to lose them")
             if head.state == "ready":
                 try:
-                    got, where = training.pull(orch, head, run)
+                    got, where = runs.pull(orch, head, run)
                 except OrchError as e:
                     raise OrchError(f"could not pull the weights of {name} from {head.name} ({e}); not destroying "
                                     "it. Use --no-pull to destroy anyway") from None

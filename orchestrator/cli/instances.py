@@ -266,11 +266,11 @@ def _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, mo
 
 
 def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
-    from orchestrator import training
+    from orchestrator import runs
 
-    view = training.follow(orch, inst, run) if wait else None
+    view = runs.follow(orch, inst, run) if wait else None
     if view:
-        got, where = training.pull(orch, inst, run, view=view)
+        got, where = runs.pull(orch, inst, run, view=view)
         say(f"      weights and run files in {where}")
     _summary(inst, as_json, run=orch.ledger.get_run(run.id), view=view)
 
@@ -381,18 +381,18 @@ _STATE_HINTS = {
 
 def _run_view(orch, inst, run) -> dict:
     """The run from status.json when the instance is up (pulling new milestones), else the ledger's."""
-    from orchestrator import training
+    from orchestrator import runs
     from orchestrator.views.instances import run_dict
 
     if inst.state != "ready" or not run.run_dir:
         return run_dict(run)
     try:
-        view = training.read(orch, inst, run)
+        view = runs.read(orch, inst, run)
     except (SSHError, OrchError) as e:
         say(f"orch: warning: could not read the run on {inst.name}: {e}")
         return run_dict(run)
     try:
-        got, where = training.pull(orch, inst, run, view=view, only_milestones=True)
+        got, where = runs.pull(orch, inst, run, view=view, only_milestones=True)
         if got:
             say(f"pulled {', '.join(got)} to {where}")
     except OrchError as e:
@@ -545,7 +545,7 @@ def _down(orch, inst, no_pull: bool) -> None:
 
 
 def _pull_or_refuse(orch, inst, run) -> None:
-    from orchestrator import training
+    from orchestrator import runs
 
     if inst.state != "ready":
         if run.pulled_at is None:
@@ -553,7 +553,7 @@ def _pull_or_refuse(orch, inst, run) -> None:
                             f"`orch start {inst.name}` first, or `orch down {inst.name} --no-pull` to lose them")
         return
     try:
-        got, where = training.pull(orch, inst, run)
+        got, where = runs.pull(orch, inst, run)
     except OrchError as e:
         raise OrchError(f"could not pull the weights of {inst.name} ({e}); not destroying it. "
                         f"Use --no-pull to destroy anyway") from None
@@ -565,7 +565,7 @@ def pull(name: str, dest: Optional[str] = typer.Option(None, help="Where to put 
     """Bring the run's weights and files home (only what changed)."""
     from pathlib import Path
 
-    from orchestrator import training
+    from orchestrator import runs
     from orchestrator.lifecycle import check_name
 
     check_name(name)
@@ -574,7 +574,7 @@ def pull(name: str, dest: Optional[str] = typer.Option(None, help="Where to put 
     run = orch.ledger.latest_run(inst.id)
     if run is None or not run.run_dir:
         raise UsageError(f"{name} has no training run")
-    got, where = training.pull(orch, inst, run, dest=Path(dest).expanduser() if dest else None)
+    got, where = runs.pull(orch, inst, run, dest=Path(dest).expanduser() if dest else None)
     out(f"{len(got)} file(s) pulled to {where}" + (f": {', '.join(got)}" if got else " (all up to date)"))
 
 
@@ -603,7 +603,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
         raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
                          "starts one)")
     from orchestrator.task import held_secrets
-    from orchestrator.training import run_secrets
+    from orchestrator.runs import run_secrets
 
     hide, missing = held_secrets(run_secrets(run))
     if missing:  # what the command printed may show them, and this process cannot hide them

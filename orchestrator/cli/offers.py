@@ -219,7 +219,7 @@ def trial(
     as_json: bool = typer.Option(False, "--json", help="The measurement as JSON."),
 ):
     """A short training on an instance: time per epoch, peak VRAM, and what bounds it (GPU, data loader, host)."""
-    from orchestrator import training
+    from orchestrator import runs, training
 
     if epochs is not None and steps is not None:
         raise UsageError("--epochs and --steps exclude each other")
@@ -250,7 +250,7 @@ def trial(
     if subset:  # the measurement is of the user's dataset, which is what later estimates look up
         run = orch.ledger.update_run(run.id, data=data, data_bytes=subset.data_bytes)
     samples_path = _start_sampler(orch, inst, run)
-    view = training.follow(orch, inst, run)
+    view = runs.follow(orch, inst, run)
     if view["state"] != "completed":
         raise OrchError(f"the trial ended {view['state']}: see `orch logs {name}`"
                         + (f" ({view['error']})" if view.get("error") else ""))
@@ -269,12 +269,12 @@ def trial(
 
 
 def _refuse_if_training(orch, inst) -> None:
-    from orchestrator import training
+    from orchestrator import runs
 
     latest = orch.ledger.latest_run(inst.id)
     if latest is None or latest.state not in ("starting", "running", "stalled") or not latest.run_dir:
         return
-    if training.read(orch, inst, latest)["state"] in ("starting", "running", "stalled"):
+    if runs.read(orch, inst, latest)["state"] in ("starting", "running", "stalled"):
         raise UsageError(f"{inst.name} is training (run r{latest.id}): a trial beside it would time both")
 
 

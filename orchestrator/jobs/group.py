@@ -111,9 +111,9 @@ def unusable(orch, survivors: list) -> str | None:
 
 def end_runs(orch, head) -> list[str]:
     """End the run on every node of the group that still answers."""
-    from orchestrator import group_training
+    from orchestrator import runs
 
-    return group_training.stop(orch, nodes_of(orch, head))
+    return runs.stop(orch, nodes_of(orch, head))
 
 
 def destroy(orch, inst, reason: str) -> None:

@@ -89,7 +89,7 @@ def run_dict(run, view: dict | None = None) -> dict[str, Any]:
     d = {f: getattr(run, f) for f in RUN_FIELDS}
     d["started_at"], d["ended_at"], d["pulled_at"] = iso(run.started_at), iso(run.ended_at), iso(run.pulled_at)
     if view:
-        from orchestrator.training import progress_line
+        from orchestrator.runs import progress_line
 
         d.update({k: view.get(k) for k in ("state", "epoch", "epochs", "eta_seconds", "loss", "best_metric",
                                              "best_metric_name", "error", "problems")})

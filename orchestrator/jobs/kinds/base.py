@@ -81,7 +81,7 @@ class JobKind(ABC):
 
     @abstractmethod
     def read(self, orch, inst, run) -> dict:
-        """The run now, from the machine (``training.digest``'s view: state, epoch, files...)."""
+        """The run now, from the machine (``runs.digest``'s view: state, epoch, files...)."""
 
     @abstractmethod
     def watch(self, orch, job, inst, run, view: dict) -> None:

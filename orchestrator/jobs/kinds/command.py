@@ -3,7 +3,7 @@
 - **launch**: the workdir up, the newest intact copy of the checkpoint folder restored into it
   (``ORCH_CHECKPOINT_DIR``), the node's environment (``nodes.node_env``), the secrets read from
   this process's environment, then ``command_entry.py`` detached (``playbooks/command``);
-- **read**: the run's ``status.json`` through ``training.digest``, with the command's exit code
+- **read**: the run's ``status.json`` through ``runs.digest``, with the command's exit code
   and the phase (setup or run) it ended in: a non-zero exit is the command's own, never relaunched;
 - **checkpoint**: every ``checkpoint_minutes``, the folder copied aside on the instance only when
   nothing in it changed during the copy (a file being written would be torn), then pulled home
@@ -146,9 +146,9 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
 
     outcomes = par.each(start, list(range(size)), size)
     if any(e is not None for _, e in outcomes) and size > 1:
-        from orchestrator import group_training
+        from orchestrator.runs import stop
 
-        group_training.stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
+        stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
     pids = _all(nodes, outcomes, "starting the command")
     run = runs[0]
     orch.say(f"      command started, pid {pids[0]}, run {run.run_dir}" if size == 1 else
@@ -169,7 +169,7 @@ def _who(job, head, size: int):
 
 def _all(nodes: list, outcomes: list, what: str) -> list:
     """``parallel.each``'s results, or the lowest rank's failure raised as the group's."""
-    from orchestrator.group_training import raise_first
+    from orchestrator.runs import raise_first
 
     raise_first(nodes, outcomes, what)
     return [r for r, _ in outcomes]
@@ -187,15 +187,15 @@ def exit_code(raw_status) -> int | None:
 
 
 def read(orch, inst, run) -> dict:
-    """The command's state as ``training.read`` gives a training's, with ``exit_code`` and ``phase``.
+    """The command's state as ``runs.read`` gives a training's, with ``exit_code`` and ``phase``.
     On a group, every node's command counts: the job completes when each exited 0, and fails on the
     first node (lowest rank) that exited otherwise, named with its rank and its log's last lines."""
-    from orchestrator import groups, training
+    from orchestrator import groups, runs
     from playbooks import train
 
     with orch.connect(inst) as c:
         raw = train.status(c, run.run_dir, run.pid)
-    view = training.digest(orch, run, raw)
+    view = runs.digest(orch, run, raw)
     _exit_of(orch, run, raw, view)
     if not groups.is_group(inst) or view["exit_code"] not in (0, None):
         return view
@@ -431,10 +431,10 @@ class CommandKind(JobKind):
 
     def watch(self, orch, job, inst, run, view: dict) -> None:
         """Its log and status home; every checkpoint_minutes, the checkpoint folder and the outputs so far."""
-        from orchestrator import training
+        from orchestrator import runs
 
         try:
-            training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), view=view, only_milestones=True)
+            runs.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), view=view, only_milestones=True)
         except OrchError as e:
             note_once(orch, job, f"log not pulled this time: {_why(e)}", inst.name, say=False)
         cmd = self.spec
@@ -463,9 +463,9 @@ class CommandKind(JobKind):
         return left if left > 0 else every
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
-        from orchestrator import training
+        from orchestrator import runs
 
-        training.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), only_milestones=True)
+        runs.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), only_milestones=True)
         number, problem = self._take(orch, job, inst)
         return (f"took the checkpoint folder (copy {number}) from {inst.name}" if number else None), problem
 
@@ -498,9 +498,9 @@ class CommandKind(JobKind):
         return got
 
     def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
-        from orchestrator import training
+        from orchestrator import runs
 
-        got, _ = training.pull(orch, inst, run, dest=dest, view=view)
+        got, _ = runs.pull(orch, inst, run, dest=dest, view=view)
         got += node_logs(orch, inst, dest, self.spec.secrets)
         if self.spec.checkpoint:  # the folder as the command left it: the copy kept after the job
             try:

@@ -112,16 +112,16 @@ class TrainingKind(JobKind):
         return training.prepare(spec, orch.home, orch.say)
 
     def read(self, orch, inst, run) -> dict:
-        from orchestrator import training
+        from orchestrator import runs
 
-        return training.read(orch, inst, run)
+        return runs.read(orch, inst, run)
 
     def watch(self, orch, job, inst, run, view: dict) -> None:
         """The milestones home, and a verified resume copy whenever the epoch moved."""
-        from orchestrator import training
+        from orchestrator import runs
 
         try:
-            training.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), view=view,
+            runs.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), view=view,
                           only_milestones=True)
         except OrchError as e:
             record.note_once(orch, job, f"milestones not pulled this time: {_why(e)}", inst.name, say=False)
@@ -135,16 +135,16 @@ class TrainingKind(JobKind):
                 record.note_once(orch, job, f"no resume copy this time: {problem}", inst.name, say=False)  # once
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
-        from orchestrator import training
+        from orchestrator import runs
 
-        training.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), only_milestones=True)
+        runs.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), only_milestones=True)
         epoch, problem = resume_copy.take(orch, job, inst, run)
         return (f"took last.pt (epoch {epoch}) from {inst.name}: it loads there" if epoch else None), problem
 
     def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
-        from orchestrator import training
+        from orchestrator import runs
 
-        got, _ = training.pull(orch, inst, run, dest=dest, view=view)
+        got, _ = runs.pull(orch, inst, run, dest=dest, view=view)
         return got
 
     def completed(self, job, how: str, dest: Path, ended: str) -> tuple[str, dict]:
