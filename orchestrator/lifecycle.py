@@ -9,20 +9,18 @@ destroy by its policy) and says which, never leaving it recorded as stopped.
 from __future__ import annotations
 
 import re
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from orchestrator import claims, config, reach, states
-from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, SSHError, StartRefused, UsageError
+from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, StartRefused, UsageError
+from orchestrator.instance_ops import InstanceOps
 from orchestrator.kill_points import kill_point
 from orchestrator.provider import Provider, Remote, Request, Status, Stoppable, can_stop
 from orchestrator.text import why as _why
 
 if TYPE_CHECKING:  # SQLAlchemy and SQLModel load with the ledger, when it is opened (0.3 s)
-    from orchestrator.ledger import Instance, Ledger
+    from orchestrator.ledger import Instance
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_DISK_GB = 20_000
@@ -84,14 +82,9 @@ class LazyLedger:
         return getattr(self._opened, name)
 
 
-@dataclass
-class Orch:
-    """What every command needs: the ledger, orch's home, who is acting, where to report."""
-
-    ledger: Ledger
-    home: Path
-    actor: str = "cli"
-    say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)
+class Orch(InstanceOps):
+    """What every command needs: the ledger, orch's home, who is acting, where to report
+    (``InstanceOps``: with the provider of a row, a state moved, SSH, a destroy), and the lifecycle."""
 
     @classmethod
     def open(cls, actor: str = "cli", say: Callable[[str], None] | None = None, lazy: bool = False) -> "Orch":
@@ -121,21 +114,6 @@ class Orch:
         for warning in config.warnings(home):
             orch.say(f"orch: warning: {warning}")
         return orch
-
-    # -- providers ---------------------------------------------------------------------
-    def provider(self, name: str) -> Provider:
-        from orchestrator import plugins
-
-        cache = self.__dict__.setdefault("_providers", {})
-        if name not in cache:
-            settings = config.provider_settings(name)
-            if config.get("spot_margin") is not None:
-                settings.setdefault("spot_margin", config.get("spot_margin"))
-            cache[name] = plugins.provider_class(name)(settings, self.home)
-        return cache[name]
-
-    def move(self, inst: Instance, to: str, reason: str = "", **fields) -> Instance:
-        return self.ledger.transition(inst.id, to, reason=reason, actor=self.actor, **fields)
 
     # -- up ----------------------------------------------------------------------------
     @claims.exclusive
@@ -300,53 +278,7 @@ class Orch:
                 fields["host_key"] = vouched
         return self.ledger.update(inst.id, **fields)
 
-    def connect(self, inst: Instance, rekey: bool = False):
-        """An SSH connection to the instance, its host key pinned at first contact. The recorded
-        route is kept while it answers; when it does not, the provider's other routes are tried and
-        the one that answers is recorded. ``rekey`` (only right after a start orch asked for, on a
-        provider whose images make new host keys at every start): a new key is pinned and recorded."""
-        from orchestrator import remote
-
-        if not inst.ssh_host:
-            raise SSHError(f"{inst.name} has no SSH endpoint yet ({inst.state})")
-        key, _ = config.ssh_key()
-
-        def pin(line: str) -> None:
-            if inst.host_key and line != inst.host_key:
-                self.ledger.note(inst.id, f"host key changed at the start orch asked for: pinned {_fingerprint(line)} "
-                                          f"(was {_fingerprint(inst.host_key)})", self.actor)
-            self.ledger.update(inst.id, host_key=line)
-            inst.host_key = line
-
-        def open_(i: Instance):
-            return remote.connect(i.ssh_host, i.ssh_port, i.ssh_user or "root", key, i.host_key, pin, rekey=rekey)
-
-        try:
-            return open_(inst)
-        except SSHError:
-            moved = self._reroute(inst)
-            if moved is None:
-                raise
-            inst.ssh_host, inst.ssh_port, inst.ssh_user = moved.ssh_host, moved.ssh_port, moved.ssh_user
-            return open_(inst)
-
-    def _reroute(self, inst: Instance) -> Instance | None:
-        """Another route to the instance that answers now (the provider's), recorded; None if none."""
-        if inst.provider_id is None:
-            return None
-        try:
-            provider = self.provider(inst.provider)
-            found = reach.reachable(provider.get(inst.provider_id))
-        except OrchError:
-            return None
-        if found is None or (found.endpoint.host, found.endpoint.port) == (inst.ssh_host, inst.ssh_port):
-            return None
-        ep = found.endpoint
-        self.ledger.note(inst.id, f"SSH route {inst.ssh_host}:{inst.ssh_port} stopped answering: now {ep.host}:{ep.port}",
-                         self.actor)
-        return self.ledger.update(inst.id, ssh_host=ep.host, ssh_port=ep.port, ssh_user=ep.user)
-
-    # -- stop / start / down -----------------------------------------------------------
+    # -- stop / start -----------------------------------------------------------
     @claims.exclusive
     def stop(self, inst: Instance, reason: str = "stopped by the user") -> Instance:
         provider = self.provider(inst.provider)
@@ -466,30 +398,6 @@ class Orch:
             raise error
         raise OrchError(f"{why}; {what} so it does not bill") from error
 
-    @claims.exclusive
-    def down(self, inst: Instance, reason: str = "destroyed by the user") -> Instance:
-        return self._destroy(self.provider(inst.provider), inst, reason)
-
-    def _destroy(self, provider: Provider, inst: Instance, reason: str) -> Instance:
-        if inst.state == states.DESTROYED:
-            return inst
-        if inst.state != states.DESTROYING:
-            inst = self.move(inst, states.DESTROYING, reason)
-        try:
-            if inst.provider_id is None:
-                found = provider.find(inst.label)
-                if found is not None:
-                    inst = self.ledger.update(inst.id, provider_id=found.provider_id)
-            if inst.provider_id is not None:
-                provider.destroy(inst.provider_id)
-        except ProviderError as e:
-            # The intent stays recorded: the next reaper pass (or `orch reconcile`) finishes the destroy
-            # once the provider answers; nothing is marked destroyed that may still bill.
-            raise ProviderError(f"destroying {inst.name} on {provider.name} failed ({_why(e)}): it is recorded "
-                                "destroying, and the next reaper pass or `orch reconcile` finishes the destroy once "
-                                f"{provider.name} answers") from e
-        return self.move(inst, states.DESTROYED, reason)
-
     # -- refresh -----------------------------------------------------------------------
     def refresh(self, inst: Instance) -> Instance:
         """The ledger row in line with what its provider shows now (see ``sync``)."""
@@ -513,17 +421,6 @@ def _proved(proof: dict) -> str:
     if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at) or not 0 < at < 2**33:
         return ""
     return f", proved {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC this boot"
-
-
-def _fingerprint(line: str) -> str:
-    import base64
-    import hashlib
-
-    try:
-        blob = base64.b64decode(line.split()[1])
-    except (IndexError, ValueError):
-        return "?"
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 __all__ = ["Orch", "check_request", "check_name", "Request"]

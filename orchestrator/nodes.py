@@ -135,8 +135,8 @@ def run_env(run: Run, working_dir: str, workdir: str | None, hostfile: str) -> d
     """What SkyPilot's and dstack's commands read of their run, with the peers' meanings:
 
     - ``SKYPILOT_TASK_ID``: "a unique ID assigned to each task", the same "across recoveries" of a
-      managed job (SkyPilot's "Environment variables"; sky/skylet/constants.py ``TASK_ID_ENV_VAR``):
-      orch's job id, which every relaunch keeps. ``SKYPILOT_CLUSTER_INFO``: JSON with ``cluster_name``,
+      managed job (SkyPilot's "Environment variables"; github.com/skypilot-org/skypilot,
+      sky/skylet/constants.py ``TASK_ID_ENV_VAR``): orch's job id, which every relaunch keeps. ``SKYPILOT_CLUSTER_INFO``: JSON with ``cluster_name``,
       ``cloud``, ``region``, ``zone`` (orch keeps no region or zone of a machine: null).
     - dstack's (dstack.ai/docs/reference/environment-variables/, its runner's ``executor.go``):
       ``DSTACK_RUN_NAME`` the run's name, ``DSTACK_RUN_ID`` "the UUID of the run" (one per job, kept

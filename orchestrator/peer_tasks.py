@@ -19,7 +19,7 @@ The dialects, from the peers' own references:
   and ``resources.accelerators`` as ``NAME:COUNT``, ``NAME``, ``{NAME: COUNT}`` or a list/set of
   candidates; a resources section without accelerators is a CPU machine.
 - **dstack**: the ``task`` reference (https://dstack.ai/docs/reference/dstack.yml/task/) and its
-  models (github.com/dstackai/dstack ``src/dstack/_internal/core/models/``): ``type: task``,
+  models (github.com/dstackai/dstack, ``src/dstack/_internal/core/models/``): ``type: task``,
   ``commands`` (joined with `` && `` as its job configurator does, ``_join_shell_commands`` in
   ``server/services/jobs/configurators/base.py``), ``env`` as a list (``KEY=VALUE``, or ``KEY``:
   taken from the environment at ``dstack apply``) or a mapping, ``nodes``, and ``resources.gpu``
@@ -45,8 +45,9 @@ SKYPILOT_RESOURCES = frozenset({"accelerators", "use_spot", "disk_size", "cloud"
                                 "autostop", "job_recovery", "disk_tier", "network_tier", "accelerator_args",
                                 "max_hourly_cost", "spot_recovery"})
 BUCKETS = ("s3://", "gs://", "gcs://", "r2://", "cos://", "oci://", "https://", "http://", "az://", "nebius://")
-SKYPILOT_DISK_GB = 256  # sky/resources.py: _DEFAULT_DISK_SIZE_GB
-DSTACK_DISK_GB = 100  # dstack's resources.py: DEFAULT_DISK = DiskSpec(size=Range(min=100GB)), at least
+SKYPILOT_DISK_GB = 256  # github.com/skypilot-org/skypilot, sky/resources.py: _DEFAULT_DISK_SIZE_GB
+# github.com/dstackai/dstack, src/dstack/_internal/core/models/resources.py:
+DSTACK_DISK_GB = 100  # DEFAULT_DISK = DiskSpec(size=Range(min=100GB)), at least
 GPU_VENDORS = ("nvidia", "amd", "google", "tpu", "intel", "tenstorrent")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 NEAREST = {
@@ -321,7 +322,8 @@ def _skypilot(tr: _Translation, data: dict) -> None:
     if "resources" not in data:
         tr.put(("resources", "cpu"), True, ("resources",), "no resources: a CPU machine (as SkyPilot rents)")
     if not isinstance(data.get("resources"), dict) or "disk_size" not in data["resources"]:
-        # SkyPilot's default disk (``_DEFAULT_DISK_SIZE_GB = 256``, sky/resources.py): what its users expect to have.
+        # SkyPilot's default disk (``_DEFAULT_DISK_SIZE_GB = 256``; github.com/skypilot-org/skypilot,
+        # sky/resources.py): what its users expect to have.
         tr.put(("resources", "disk"), SKYPILOT_DISK_GB, ("resources",), f"no resources.disk_size: resources.disk: "
                f"{SKYPILOT_DISK_GB} (GB, SkyPilot's default)")
 

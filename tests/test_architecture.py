@@ -228,3 +228,48 @@ def test_the_project_cites_no_document_outside_it():
         if re.search(r"\.\./shared/|shared/(reference|seeds)\b", text):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+# -- the layer map at run time -----------------------------------------------------------------------
+def instance_ops_names() -> set[str]:
+    """What ``InstanceOps`` defines (its fields and methods): all a module below the lifecycle may use
+    of the ``Orch`` it is handed."""
+    tree = ast.parse((CORE / "instance_ops.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InstanceOps")
+    return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} | \
+        {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def calls_up(source: str, allowed: set[str]) -> set[str]:
+    """``orch.<name>`` uses in ``source`` that ``allowed`` does not define."""
+    return {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "orch" and n.attr not in allowed}
+
+
+def test_below_the_lifecycle_an_orch_is_used_only_for_the_instance_operations():
+    """reconcile, sync, watchdog, volumes... are handed the lifecycle's ``Orch``: what they call on it
+    must be defined below them (``instance_ops``), or the map is false at run time (reconcile's
+    destroy calling back up into the lifecycle that called reconcile)."""
+    patterns = layers()
+    lifecycle = layer_of("orchestrator.lifecycle", patterns)
+    allowed = instance_ops_names()
+    assert {"down", "move", "provider", "connect", "ledger"} <= allowed
+    offenders = {m: sorted(calls_up(path.read_text(), allowed)) for m, path in sorted(modules().items())
+                 if (layer_of(m, patterns) or 0) < lifecycle}
+    assert {m: names for m, names in offenders.items() if names} == {}
+    assert calls_up("def f(orch, inst):\n    orch.stop(inst)\n", allowed) == {"stop"}  # the check can fail
+
+
+def test_a_comment_citing_another_project_names_its_repository():
+    """``sky/provision/aws/instance.py`` alone is a path nobody can open: the repository's address
+    goes with it (github.com/skypilot-org/skypilot, sky/...)."""
+    repos = {"sky/": "github.com/skypilot-org/skypilot", "src/dstack/": "github.com/dstackai/dstack"}
+    offenders = []
+    for path in (p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            for prefix, repo in repos.items():
+                if re.search(rf"(?<![\w/.]){re.escape(prefix)}\w", line) and repo not in line \
+                        and (i == 0 or repo not in lines[i - 1]):
+                    offenders.append(f"{path.relative_to(ROOT)}:{i + 1}")
+    assert offenders == []

@@ -1,5 +1,5 @@
 """The AWS provider's verbs; each concern it asks of EC2 is a module of this package (one module per
-concern, as SkyPilot's ``sky/provision/aws/``)."""
+concern, as SkyPilot's github.com/skypilot-org/skypilot, ``sky/provision/aws/``)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ RunInstances MinCount: "If you specify a value that is more capacity than Amazon
 the target Availability Zone, Amazon EC2 does not launch any instances"): all or none, in one zone; and
 one request for all the instances a cluster placement group needs, as the EC2 User Guide recommends
 ("Placement strategies", cluster), so the group lands on hardware that has room for all of them.
-SkyPilot's AWS provisioner (sky/provision/aws/instance.py, ``_create_instances``) launches a cluster's
-nodes the same way, trying each zone in turn, and then tags each node for its role.
+SkyPilot's AWS provisioner (github.com/skypilot-org/skypilot, sky/provision/aws/instance.py, ``_create_instances``)
+launches a cluster's nodes the same way, trying each zone in turn, and then tags each node for its role.
 
 A plan's offer, where it chose one (``Request.quote``), is rented as it was listed: its type, its
 region, its prices and its zones by spot price come from that listing, and nothing is listed again.

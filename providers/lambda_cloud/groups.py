@@ -2,7 +2,7 @@
 
 Instances of one Lambda region reach each other at their ``private_ip``; no private network spans
 regions. So a group's nodes all launch in one region, as SkyPilot's Lambda provisioner does
-(https://github.com/skypilot-org/skypilot, sky/provision/lambda_cloud/instance.py: ``run_instances``
+(github.com/skypilot-org/skypilot, sky/provision/lambda_cloud/instance.py: ``run_instances``
 launches every node of a cluster in the one region it is given, and ``get_cluster_info`` gives each
 node's ``private_ip`` as its internal address), and of one instance type: a multi-node run expects
 the same GPUs on every node.

@@ -2,7 +2,7 @@
 again, and only then report it broken (and ``up`` or the reaper destroys it).
 
 ``unhealthy`` is not final (Lambda's OpenAPI description, InstanceStatus; SkyPilot's Lambda
-provisioner, github.com/skypilot-org/skypilot sky/provision/lambda_cloud/instance.py, maps it to
+provisioner, github.com/skypilot-org/skypilot, sky/provision/lambda_cloud/instance.py, maps it to
 INIT, not to a failure). The time an instance was first seen unhealthy, and its restart, are kept in
 orch's home, so a reaper that runs as a new process each pass still counts from the first sighting.
 """

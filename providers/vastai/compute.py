@@ -44,9 +44,10 @@ class VastAIProvider(Provider, Stoppable, SelfEnding, HasVolumes):
     env_keys = ("VAST_API_KEY", "VAST_URL")
     credentials = "VAST_API_KEY, or api_key under [providers.vastai] in config.toml"
     # Marketplace instances sit on unrelated hosts with no private network between them. Neither
-    # SkyPilot nor dstack runs multi-node there: SkyPilot's sky/clouds/vast.py lists MULTI_NODE among
-    # its unsupported features ("the interconnection among nodes are non-trivial on Vast"); dstack's
-    # VastAICompute (src/dstack/_internal/core/backends/vastai/compute.py) is no ComputeWithMultinodeSupport.
+    # SkyPilot nor dstack runs multi-node there: SkyPilot's (github.com/skypilot-org/skypilot, sky/clouds/vast.py) lists
+    # MULTI_NODE among its unsupported features ("the interconnection among nodes are non-trivial on
+    # Vast"); dstack's VastAICompute (github.com/dstackai/dstack, src/dstack/_internal/core/backends/vastai/compute.py)
+    # is no ComputeWithMultinodeSupport.
     groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them "
                       "(Vast's overlay networks are another API, planned separately): use aws, lambda or local")
 
@@ -152,7 +153,7 @@ class VastAIProvider(Provider, Stoppable, SelfEnding, HasVolumes):
             raise
         except ProviderError as e:
             # An error answer that carries new_contract made that instance anyway (dstack's Vast
-            # client, src/dstack/_internal/core/backends/vastai/api_client.py
+            # client, github.com/dstackai/dstack, src/dstack/_internal/core/backends/vastai/api_client.py
             # ``VastAICreateInstanceError``: "Vast.ai creates spot instances in the stopped state and
             # returns an error if the bid is insufficient").
             contract = getattr(e, "answer", {}).get("new_contract")
