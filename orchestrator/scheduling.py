@@ -125,7 +125,7 @@ def submission(s, name: str, ceilings: bool = True):
 
 
 def secrets_of(sub) -> list[str]:
-    return list(getattr(sub.spec.work, "secrets", None) or [])
+    return sub.spec.kind_of().secrets()
 
 
 def snapshot(home: Path, sub) -> Path | None:

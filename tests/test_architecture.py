@@ -273,3 +273,48 @@ def test_a_comment_citing_another_project_names_its_repository():
                         and (i == 0 or repo not in lines[i - 1]):
                     offenders.append(f"{path.relative_to(ROOT)}:{i + 1}")
     assert offenders == []
+
+
+# -- job kinds own what differs ---------------------------------------------------------------------
+KINDS_DIR = CORE / "jobs" / "kinds"
+
+
+def kind_keys() -> set[str]:
+    from orchestrator.jobs.kinds import KINDS
+
+    return set(KINDS)
+
+
+def kind_leaks(path: Path, source: str | None = None) -> list[str]:
+    """What a core module outside jobs/kinds/ knows of one kind in particular: a comparison with a
+    kind's key (``kind == "command"``, ``key in ("train", ...)``), or an import of a kind's own module
+    (``jobs.kinds.<x>``; the registry ``jobs.kinds`` and what it exports are the way in)."""
+    keys, mods = kind_keys(), modules()
+    tree = ast.parse(source if source is not None else path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            sides += [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+            named = sorted({s.value for s in sides if isinstance(s, ast.Constant) and s.value in keys})
+            found += [f"{path.name}:{node.lineno}: compares with the kind {k!r}" for k in named]
+    found += [f"{path.name}: imports {m}" for m in sorted(imports(path, source))
+              if m.startswith("orchestrator.jobs.kinds.") and m in mods]
+    return found
+
+
+def test_no_core_module_outside_the_kinds_names_one_kind():
+    """A third kind is a file in jobs/kinds/ and a line in KINDS: nothing else tests for a kind's key
+    or reaches into a kind's module."""
+    offenders = [leak for path in sorted(CORE.rglob("*.py")) if KINDS_DIR not in path.parents
+                 for leak in kind_leaks(path)]
+    assert offenders == []
+
+
+def test_a_kind_named_outside_the_kinds_fails_the_check():
+    views = ROOT / "orchestrator" / "views" / "jobs.py"
+    for source in ('if d.get("kind") == "command":\n    pass\n', 'x = kind.key in ("x", "train")\n',
+                   'y = "train" != spec.kind\n', "from orchestrator.jobs.kinds.command import node_log\n",
+                   "from ..jobs.kinds import training\n", "import orchestrator.jobs.kinds.base\n"):
+        assert kind_leaks(views, source) != [], source
+    assert kind_leaks(views, "from orchestrator.jobs.kinds import KINDS, CommandKind\nx = d['kind'] in KINDS\n") == []

@@ -96,6 +96,13 @@ class NoteKind(JobKind):
 
         return CommandSpec(run=f"printf %s {shlex.quote(self.spec.text)} > note.txt", outputs=["note.txt"])
 
+    @classmethod
+    def check_stored(cls, spec, cache):  # a kind says what its stored spec may hold, or its rows are refused
+        from orchestrator.errors import UsageError
+
+        if not isinstance(spec.text, str) or len(spec.text) > 1000:
+            raise UsageError("the job's stored spec is refused: its note is not a short text")
+
     def prepare(self, orch, js, disk_given: bool):
         return js
 

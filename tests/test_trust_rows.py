@@ -236,3 +236,34 @@ def test_a_provider_key_handed_to_a_job_on_this_machine_goes_with_its_relaunch(o
     got = (orch_home / "runs" / "handed" / "out" / "model.pt").read_text()
     assert got == hashlib.sha256(key.encode()).hexdigest()
     assert local_billing(orch_home) == set() and not (orch_home / "jobs" / "handed").exists()
+
+
+def test_a_kind_with_no_stored_spec_check_is_refused_and_its_secrets_are_hidden(orch_home, monkeypatch):
+    """A third kind added without ``JobKind.check_stored`` never has its rows acted on unchecked: a
+    look at the job fails it with the refusal, nothing rented. The secret names its stored part
+    keeps are hidden from the job's lines like a command's."""
+    from dataclasses import dataclass, field
+
+    from orchestrator import jobs
+    from orchestrator.jobs import record
+    from orchestrator.jobs.kinds import KINDS, JobKind
+    from orchestrator.provider import Request
+
+    @dataclass
+    class BoxSpec:
+        image: str = "ubuntu"
+        secrets: list = field(default_factory=list)
+
+    class DevBox(JobKind):  # every verb it must have, none of them reached
+        key, spec_type, noun, doing = "devbox", BoxSpec, "dev box", "open"
+        prepare = launch = read = watch = take_checkpoint = bring_home = completed = None
+
+    monkeypatch.setitem(KINDS, "devbox", DevBox)
+    spec = jobs.JobSpec(kind="devbox", work=BoxSpec(secrets=["BOX_TOKEN"]), request=Request(name="box", cpu=True))
+    orch = open_orch()
+    job = orch.ledger.create_job(jobs.ACTIVE, name="box", state=jobs.PLANNED, spec=spec.to_json(), plan="{}", retries=1)
+    monkeypatch.setenv("BOX_TOKEN", "tok-3f9a1c")
+    assert record.scrub(job, "it printed tok-3f9a1c") == "it printed ***"
+    jobs.advance(orch, job)
+    refused(job.id, "orch checks no stored devbox spec")
+    nothing_rented(orch_home)

@@ -1,7 +1,7 @@
 """``orch exec NAME -- CMD`` and ``orch exec NAME -f task.yaml``: a command on a machine of yours
 that is up (SkyPilot's ``sky exec``), with no new rental.
 
-It is the command kind's own launch (``jobs.kinds.command.launch``: the same environment on every
+It is the command kind's own launch (``CommandKind.start``: the same environment on every
 node, the secrets from this environment, ``command_entry.py`` detached) on the ``ready`` instance
 or group NAME, recorded as that instance's run: ``orch logs NAME`` and ``orch status NAME`` show
 it. What the machine already has is reused: without a workdir the command runs in the one the
@@ -125,7 +125,7 @@ def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
     """The command started on NAME (every node of a group), under the instance's claim; (nodes, the
     head's run). Refused when NAME is not ready, belongs to a job, or still runs something."""
     from orchestrator import claims, groups, states
-    from orchestrator.jobs.kinds import command
+    from orchestrator.jobs.kinds import CommandKind
 
     head = instance_named(orch, name)
     nodes = groups.members(orch.ledger, head)
@@ -135,7 +135,7 @@ def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
                              + (f" (`orch start {name}` first)" if node.state == states.STOPPED else ""))
     with claims.hold(orch.ledger, head.name, wait=60):
         _refuse_busy(orch, name, head, nodes)
-        run = command.launch(orch, nodes, cmd, None, reuse_workdir=cmd.workdir is None, allowed=allowed)
+        run = CommandKind(cmd).start(orch, nodes, allowed=allowed)
     return nodes, run
 
 
@@ -162,11 +162,12 @@ def follow(orch, head, run, cmd) -> dict:
     """The command's output printed as it comes (its secrets hidden, terminal escapes dropped) until
     it ends; the command kind's last view of it (state, exit_code, phase)."""
     from orchestrator.cli.instances import _printable
-    from orchestrator.jobs.kinds import command as kind
+    from orchestrator.jobs.kinds import CommandKind
     from orchestrator.task import held_secrets
     from playbooks import command
 
     hide, _ = held_secrets(cmd.secrets)
+    kind = CommandKind(cmd)
     log, offset, part = f"{run.run_dir}/train.log", 0, ""
     while True:
         view = kind.read(orch, head, run)  # before the log: what the log holds once it ended is all of it
@@ -191,16 +192,14 @@ def _bring_home(orch, head, run, cmd) -> Path:
     """The run's log and status (each node's), and the task's outputs, home (verified) to
     $ORCH_HOME/runs/NAME."""
     from orchestrator import runs
-    from orchestrator.jobs.kinds import command
+    from orchestrator.jobs.kinds import CommandKind
 
     where = runs.pulled_dir(orch, head.group_name if (head.group_size or 1) > 1 else head.name)
     try:
         _, where = runs.pull(orch, head, run)
-        command.node_logs(orch, head, where, cmd.secrets)  # a group's other nodes: train.nodeR.log
-        if cmd.outputs:
-            got, missing = command.pull_outputs(orch, head, cmd, where, strict=False)
-            if missing:
-                say(f"orch: output(s) not found on {head.name}: {', '.join(missing)}")
+        missing = CommandKind(cmd).fetch(orch, head, where)  # a group's other nodes' logs, the outputs
+        if missing:
+            say(f"orch: output(s) not found on {head.name}: {', '.join(missing)}")
     except OrchError as e:
         say(f"orch: warning: not everything came home from {head.name}: {e}")
     return where

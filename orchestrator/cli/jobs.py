@@ -409,8 +409,7 @@ def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", he
               node: int = typer.Option(None, "--node", help="A group job: node R's log (0, the head, by default).")):
     """The log of the job's current attempt (the pulled train.log once its instance is gone)."""
     from orchestrator import groups, states
-    from orchestrator.jobs.kinds.command import node_log
-    from orchestrator.jobs.record import check_job_name, scrub, weights_dir
+    from orchestrator.jobs.record import check_job_name, node_log, scrub, weights_dir
 
     check_job_name(name)  # before anything is opened: a refusal creates no ledger
     if not 1 <= lines <= 100_000:
@@ -460,8 +459,7 @@ def _follow_log(orch, job, lines: int, node: int) -> None:
     last lines, written after the last read). One SSH connection per attempt, read with SFTP."""
     from orchestrator import jobs, states, watcher
     from orchestrator.errors import OrchError
-    from orchestrator.jobs.kinds.command import node_log
-    from orchestrator.jobs.record import secret_names, weights_dir
+    from orchestrator.jobs.record import node_log, secret_names, weights_dir
     from orchestrator.task import held_secrets
     from playbooks import host
 

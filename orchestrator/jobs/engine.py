@@ -385,7 +385,7 @@ def _look(orch, job, js: JobSpec, attempt, inst, run):
         return _finish(orch, job, js, attempt, inst, run, view)
     # Any node of a group lost ends the attempt (the head alone would wait for it for hours, or
     # crash for want of it: the lost node is the cause worth recording, before any exit code).
-    gone = group.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)))
+    gone = group.lost_node(orch, inst, float(_config("job_unreachable_minutes", UNREACHABLE_MINUTES)), kind)
     if gone:
         return _lost(orch, job, js, attempt, inst, run, gone[0], node=gone[1])
     own = kind.final(view)
@@ -619,11 +619,11 @@ def _complete(orch, job, js: JobSpec, attempt, inst, how: str):
 
 
 def _keep_copies(orch, job, js: JobSpec) -> str:
-    """The verified results are in runs/NAME: the job's checkpoint copies go, but the newest
-    ``keep_checkpoints`` of a task's checkpoint folder (default 1) stay in jobs/NAME, for a run
-    that continues from them; what the completed job's reason adds (where they are)."""
+    """The verified results are in runs/NAME: the job's checkpoint copies go, but the newest its
+    kind keeps (``JobKind.copies_kept``: a task's ``keep_checkpoints``, default 1) stay in
+    jobs/NAME, for a run that continues from them; what the completed job's reason adds (where)."""
     folder = job_dir(orch.home, job.name)
-    keep = getattr(js.work, "keep_checkpoints", 0) if getattr(js.work, "checkpoint", None) else 0
+    keep = js.kind_of().copies_kept()
     kept = record.copies(orch.home, job.name)[-keep:] if keep else []
     if not kept:
         shutil.rmtree(folder, ignore_errors=True)

@@ -3,13 +3,14 @@
 An attempt of a group job rents the group ``NAME-aK`` (nodes ``NAME-aK-0`` ...); its ``attempts``
 row points at the head (rank 0), whose run is the job's run. At every look, besides what ``jobs``
 reads from the head (its state, its training), every other node is checked (``lost_node``): gone,
-stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or (a LibreYOLO training)
-its training ended with an error. Any of these ends the attempt: the work is ended on every node
-that still answers (a lost peer leaves the others waiting on the process group for hours) and the
-newest intact checkpoint is kept (taken from the head where it still answers). Then, where the
-other nodes answer (``unusable``), the lost node alone is replaced and attempt K+1 runs on the same
-group (``engine._replace``); else the whole group is destroyed and the next attempt rents a fresh
-one. Either way the checkpoint goes on EVERY node (LibreYOLO resumes from ``last.pt`` on each).
+stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or its work ended in a
+way its kind calls a failure (``JobKind.node_failed``: a LibreYOLO training's error in its log).
+Any of these ends the attempt: the work is ended on every node that still answers (a lost peer
+leaves the others waiting on the process group for hours) and the newest intact checkpoint is
+kept (taken from the head where it still answers). Then, where the other nodes answer
+(``unusable``), the lost node alone is replaced and attempt K+1 runs on the same group
+(``engine._replace``); else the whole group is destroyed and the next attempt rents a fresh one.
+Either way the checkpoint goes on EVERY node (LibreYOLO resumes from ``last.pt`` on each).
 ``--retries`` counts both; ``--max-cost`` counts every machine (``cost``: replaced ones too).
 """
 
@@ -19,11 +20,7 @@ from datetime import datetime, timezone
 
 from orchestrator import groups, states
 from orchestrator.errors import OrchError, SSHError
-from orchestrator.text import clean
 from orchestrator.text import why as _why
-
-# What a torchrun launcher leaves in its log when a worker failed (torch.distributed.elastic).
-FAILED_MARKS = ("ChildFailedError", "Traceback (most recent call last)")
 
 
 def nodes_of(orch, inst) -> list:
@@ -43,9 +40,10 @@ def hourly(orch, inst) -> float:
     return sum(n.price_hr or 0.0 for n in nodes_of(orch, inst) if n.state == states.READY)
 
 
-def lost_node(orch, head, bound_minutes: float) -> tuple[str, object] | None:
+def lost_node(orch, head, bound_minutes: float, kind) -> tuple[str, object] | None:
     """Why the group of ``head`` is lost through one of its other nodes, and that node; or None. A
-    node the provider did not answer for is looked at again next time (nothing is known)."""
+    node the provider did not answer for is looked at again next time (nothing is known). ``kind``
+    (the job's ``JobKind``) says what a node's ended work means."""
     from playbooks import train
 
     if not groups.is_group(head):
@@ -80,10 +78,9 @@ def lost_node(orch, head, bound_minutes: float) -> tuple[str, object] | None:
             continue
         if orch.ledger.recall(node.id, "unreachable_since") is not None:
             orch.ledger.remember(node.id, unreachable_since=None)
-        if run.model != "command" and not raw.get("alive") and any(mark in tail for mark in FAILED_MARKS):
-            # (a command's exit code is its own verdict: ``kinds.command.read`` fails the job on it)
-            last = next((line for line in reversed(tail.splitlines()) if "Error" in line), "")
-            return f"node {node.node_rank} ({node.name}): its training failed ({clean(last, 200)})", node
+        failed = kind.node_failed(tail) if not raw.get("alive") else None
+        if failed:
+            return f"node {node.node_rank} ({node.name}): {failed}", node
     return None
 
 

@@ -54,11 +54,20 @@ def loads(text: str | None, default):
     return value if isinstance(value, type(default)) else default
 
 
-def secret_names(job) -> list[str]:
-    """The names of the secrets the job's command gets (a training gets none), from its stored spec."""
-    work = loads(job.spec, {}).get("command") if job is not None else None
-    names = work.get("secrets") if isinstance(work, dict) else None
+def names_in(part) -> list[str]:
+    """The secret names a kind's stored part keeps under ``secrets`` (``JobKind.secrets``)."""
+    names = part.get("secrets") if isinstance(part, dict) else None
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def secret_names(job) -> list[str]:
+    """The names of the secrets the job's work gets (a training gets none), from its stored spec
+    read as it is, unchecked (a refused spec's lines are hidden too): its kind's part is a mapping
+    beside the request (``JobSpec.to_json``); every such mapping's names count, so a row with more
+    of them hides more, never less."""
+    stored = loads(job.spec, {}) if job is not None else {}
+    names = [n for key, part in stored.items() if key != "request" for n in names_in(part)]
+    return list(dict.fromkeys(names))
 
 
 def scrub(job, text: str | None) -> str | None:
@@ -83,6 +92,11 @@ def tail_lines(text: str, secrets: list[str], lines: int = 10) -> str:
     kept = [redact(clean(line, 300), values) or "" for line in text.splitlines()
             if line.strip() and not line.startswith("[orch] ")]
     return " | ".join(kept[-lines:])
+
+
+def node_log(dest: Path, rank: int) -> Path:
+    """Where node ``rank``'s log lands at home (the head's is ``train.log``, as on one machine)."""
+    return Path(dest) / ("train.log" if rank == 0 else f"train.node{rank}.log")
 
 
 def log_tail(path: Path, secrets: list[str], lines: int = 10) -> str:

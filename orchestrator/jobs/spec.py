@@ -18,14 +18,14 @@ MAX_GROUP_JOB_NAME = 33  # a group attempt's nodes are NAME-aK-R: 40 characters 
 
 
 _PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_TAR = re.compile(r"[0-9a-f]{16}\.tar")  # training.prepare's name for a packed dataset: its hash
 
 
 def _refused(spec: JobSpec) -> None:
-    """What ``from_json`` holds a stored spec to beyond its types: the kind's own check (a command:
-    ``task.check_stored``; a training: its packed data taken from orch's cache alone), and the
-    rest of the row as a submission makes it."""
-    from orchestrator import config, task
+    """What ``from_json`` holds a stored spec to beyond its types: its kind's own check
+    (``JobKind.check_stored``: a kind that has none is refused), and the rest of the row as a
+    submission makes it."""
+    from orchestrator import config
+    from orchestrator.jobs.kinds import KINDS
 
     def number(value, key, low, high, kind=(int, float), none=True) -> None:
         if value is None and none:
@@ -33,19 +33,7 @@ def _refused(spec: JobSpec) -> None:
         if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
             raise UsageError(f"the job's stored spec is refused: {key} {value!r} is not from {low} to {high}")
 
-    cache = config.home() / "cache"
-    if spec.kind == "command":
-        task.check_stored(spec.work, cache)
-    elif spec.kind == "train":
-        work = spec.work
-        if work.local_tar is not None:
-            if not _TAR.fullmatch(work.local_tar.name):
-                raise UsageError("the job's stored spec is refused: its packed dataset is not one orch made "
-                                 "(HASH.tar in its cache)")
-            work.local_tar = cache / work.local_tar.name
-        if work.dataset_name is not None and (not isinstance(work.dataset_name, str) or
-                                              not re.fullmatch(r"ds-[0-9a-f]{16}", work.dataset_name)):
-            raise UsageError("the job's stored spec is refused: its dataset name is not one orch gives")
+    KINDS[spec.kind].check_stored(spec.work, config.home() / "cache")
     providers = spec.providers
     if providers is not None and (not isinstance(providers, list)
                                   or not all(isinstance(p, str) and _PROVIDER.fullmatch(p) for p in providers)):
@@ -109,6 +97,7 @@ class JobSpec:
         req.pop("quote", None)  # a plan's live offer belongs to one launch
         req.pop("mounts", None), req.pop("node_mounts", None)  # placed at each plan from ``volumes``
         work = KINDS[self.kind].dump(self.work)
+        # "train" is always there (null for another kind's job): the layout every orch so far has written
         return json.dumps({"train": None, self.kind: work, "request": req, "providers": self.providers,
                            "ssh_timeout": self.ssh_timeout, "policy": self.policy, "images": self.images,
                            "nodes": self.nodes, "max_price": self.max_price, "volumes": self.volumes,

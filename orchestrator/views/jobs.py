@@ -11,6 +11,7 @@ from typing import Callable
 from orchestrator import jobs
 from orchestrator.errors import OrchError
 from orchestrator.jobs import record
+from orchestrator.jobs.kinds import KINDS, JobKind
 from orchestrator.text import clean
 
 
@@ -79,7 +80,6 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
     run's, a command's exit code, a training's epoch (rank 0 reports it for the group, whose ranks
     move in step), since when it has not answered. [] for one machine."""
     from orchestrator import groups, states
-    from orchestrator.jobs.kinds.command import recorded_exit
 
     inst = orch.ledger.get(attempt.instance_id) if attempt is not None and attempt.instance_id else None
     if not groups.is_group(inst):
@@ -87,7 +87,8 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
     out = []
     for node in groups.members(orch.ledger, inst):
         run = orch.ledger.latest_run(node.id)
-        code, _ = recorded_exit(run) if run is not None else (None, None)
+        work = kind.node_view(job, run) if kind is not None else {"exit_code": None, "epoch": None}
+        code = work["exit_code"]
         away = orch.ledger.recall(node.id, "unreachable_since")
         state = run.state if run is not None else None
         if code is not None:  # a node's exit is recorded on its run's args; only the head's row is read for its state
@@ -96,18 +97,23 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
             state = "ended with its machine"  # a failed group's other nodes: their rows were never read again
         out.append({"rank": node.node_rank, "instance": node.name, "instance_state": node.state,
                     "run_state": state, "exit_code": code,
-                    "epoch": job.epoch if kind is not None and kind.key == "train" else None,
+                    "epoch": work["epoch"],
                     "unreachable_since": away if isinstance(away, str) else None})
     return out
 
 
+def _kind(d: dict):
+    """The kind (its class: what it shows is read from the dict) of a job's dict, or None."""
+    return KINDS.get(d.get("kind"))
+
+
 def node_lines(d: dict) -> list[str]:
     """One line per node of a group job: what `orch jobs show` and `--wait` print."""
-    lines = []
+    lines, kind = [], _kind(d)
     for n in d.get("node_progress") or []:
         parts = [n["instance_state"]]
         if n["run_state"]:
-            parts.append(("command " if d.get("kind") == "command" else "training ") + n["run_state"]
+            parts.append(f"{kind.noun if kind else 'training'} {n['run_state']}"
                          + (f" (exit {n['exit_code']})" if n["exit_code"] is not None else ""))
         if n["epoch"]:
             parts.append(f"epoch {n['epoch']}/{d.get('epochs') or '?'}")
@@ -123,12 +129,7 @@ def progress_line(d: dict) -> str:
     if d["attempts"]:
         a = d["attempts"][-1]
         parts.append(f"attempt {a['number']} on {a['provider']} ({a['instance']}, {a['state']})")
-    if d.get("run_state"):  # a command's
-        parts.append(f"command {d['run_state']}"
-                     + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
-                     + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else ""))
-    if d.get("epoch"):
-        parts.append(f"epoch {d['epoch']}/{d['epochs']}")
+    parts += (_kind(d) or JobKind).wait_parts(d)  # its work: a command's state, a training's epoch
     if d.get("checkpoint_epoch"):
         parts.append(f"checkpoint {d['checkpoint_epoch']}")
     parts.append(f"${d['cost']:.4f}" + (f" of ${d['max_cost']:g}" if d.get("max_cost") is not None else ""))

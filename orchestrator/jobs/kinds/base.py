@@ -42,6 +42,28 @@ class JobKind(ABC):
     def load(cls, d: dict):
         return cls.spec_type(**{k: v for k, v in d.items() if k in cls.spec_type.__dataclass_fields__})
 
+    @classmethod
+    def check_stored(cls, spec, cache: Path):
+        """Its spec as a job row gives it back (``load``), held to what making it checked: a shared
+        ledger is input too, and whatever it says is sent, written and deleted by the reaper of
+        whoever reads it. A file it names is taken from ``cache`` (orch's) alone. UsageError says
+        what is wrong. A kind that says nothing here is refused: no stored spec goes unchecked."""
+        from orchestrator.errors import UsageError
+
+        raise UsageError(f"the job's stored spec is refused: orch checks no stored {cls.key} spec")
+
+    def secrets(self) -> list[str]:
+        """The names of the secrets its work gets (read from the environment at launch, never
+        stored). A kind's stored part keeps them under ``secrets``, where ``record.secret_names``
+        reads them for any kind without loading the spec (a refused one's lines are hidden too)."""
+        from orchestrator.jobs.record import names_in
+
+        return names_in(self.dump(self.spec))
+
+    def copies_kept(self) -> int:
+        """How many of the job's newest checkpoint copies stay at home once it completed (0: none)."""
+        return 0
+
     # -- before anything is rented -------------------------------------------------------------
     @abstractmethod
     def prepare(self, orch, js, disk_given: bool):
@@ -106,6 +128,12 @@ class JobKind(ABC):
         non-zero exit); None: a failure is a loss, and the job relaunches."""
         return None
 
+    def node_failed(self, tail: str) -> str | None:
+        """Why a group is lost through another node whose work ended, from that node's log's last
+        lines (``jobs.group.lost_node``); None: its end says nothing on its own (a kind whose
+        ``read`` judges every node's end, a command's exit code, leaves it there)."""
+        return None
+
     def stopped_at(self, job) -> str:
         """Where its work was when a cap stopped it, for the job's reason ("its command stopped")."""
         return f"its {self.noun} stopped"
@@ -132,6 +160,16 @@ class JobKind(ABC):
     def progress(d: dict) -> str:
         """Its cell in `orch jobs`'s progress column."""
         return "-"
+
+    @staticmethod
+    def wait_parts(d: dict) -> list[str]:
+        """What the one line of `--wait` (and `orch jobs logs -f`) says of its work, from the job's dict."""
+        return [f"epoch {d['epoch']}/{d['epochs']}"] if d.get("epoch") else []
+
+    def node_view(self, job, run) -> dict:
+        """A group's node's work in `orch jobs show` (``run``: that node's latest run row): its exit
+        code as recorded, its epoch (None where the kind has none)."""
+        return {"exit_code": None, "epoch": None}
 
     @staticmethod
     def start_note(attempt: dict) -> str:

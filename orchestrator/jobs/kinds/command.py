@@ -23,8 +23,8 @@ from pathlib import Path
 from orchestrator import claims
 from orchestrator.errors import OrchError
 from orchestrator.jobs.kinds.base import JobKind, Launched
-from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, loads, log_tail, note_once, tail_lines,
-                                      weights_dir)
+from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, loads, log_tail, node_log, note_once,
+                                      tail_lines, weights_dir)
 from orchestrator.nodes import Run, is_plain_ip, mpi_hostfile, run_env
 from orchestrator.task import CommandSpec
 from orchestrator.text import clean
@@ -349,11 +349,6 @@ def due(last_iso: str | None, minutes: float, now: datetime | None = None) -> bo
 NODE_LOG_BYTES = 2 << 20  # of each other node's log: its end, where a failure shows
 
 
-def node_log(dest: Path, rank: int) -> Path:
-    """Where node ``rank``'s log lands at home (the head's is ``train.log``, as on one machine)."""
-    return Path(dest) / ("train.log" if rank == 0 else f"train.node{rank}.log")
-
-
 def node_logs(orch, head, dest: Path, secret_names) -> list[str]:
     """Every other node's log (its last ``NODE_LOG_BYTES``) home beside the head's, for ``orch jobs
     logs NAME --node R`` once the group is gone; secret values hidden. A node that does not answer
@@ -406,6 +401,18 @@ class CommandKind(JobKind):
         except UsageError as e:
             return _why(e)
         return None
+
+    @classmethod
+    def check_stored(cls, spec, cache: Path):
+        from orchestrator import task
+
+        task.check_stored(spec, cache)
+
+    def secrets(self) -> list[str]:
+        return list(self.spec.secrets)
+
+    def copies_kept(self) -> int:
+        return self.spec.keep_checkpoints if self.spec.checkpoint else 0
 
     def blocked(self, orch=None, job=None) -> str | None:
         import os
@@ -570,6 +577,29 @@ class CommandKind(JobKind):
     @staticmethod
     def progress(d: dict) -> str:
         return f"exit {d['exit_code']}" if d.get("exit_code") is not None else (d.get("run_state") or "-")
+
+    @staticmethod
+    def wait_parts(d: dict) -> list[str]:
+        parts = [f"command {d['run_state']}" + (f" (exit {d['exit_code']})" if d.get("exit_code") is not None else "")
+                 + (f", {d['elapsed_s']:.0f} s" if d.get("elapsed_s") is not None else "")] if d.get("run_state") else []
+        return parts + JobKind.wait_parts(d)
+
+    def node_view(self, job, run) -> dict:
+        return {"exit_code": recorded_exit(run)[0] if run is not None else None, "epoch": None}
+
+    # -- outside a job (`orch exec`: the command on a machine of yours, nothing rented or relaunched)
+    def start(self, orch, nodes: list, allowed: frozenset = frozenset()):
+        """The command started on ready machines with no job (the workdir the last command left
+        where it brings none); the head's run row."""
+        return launch(orch, nodes, self.spec, None, reuse_workdir=self.spec.workdir is None, allowed=allowed)
+
+    def fetch(self, orch, head, where: Path) -> list[str]:
+        """Beside the head's pulled log: the other nodes' logs and the outputs, home (verified); the
+        declared outputs not found."""
+        node_logs(orch, head, where, self.spec.secrets)  # a group's other nodes: train.nodeR.log
+        if not self.spec.outputs:
+            return []
+        return pull_outputs(orch, head, self.spec, where, strict=False)[1]
 
 
     def plan_lines(self, name: str) -> list[str]:

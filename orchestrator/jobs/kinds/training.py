@@ -6,17 +6,24 @@ attempt. Offers are ranked by the cost of the epochs left."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from orchestrator import checkpoint_vet
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, UsageError
 from orchestrator.jobs import record, resume_copy
 from orchestrator.jobs.kinds.base import JobKind, Launched
 from orchestrator.jobs.states import COMPLETED, FAILED
+from orchestrator.text import clean
 from orchestrator.text import why as _why
 from orchestrator.training import TrainSpec
+
+_TAR = re.compile(r"[0-9a-f]{16}\.tar")  # training.prepare's name for a packed dataset: its hash
+_DATASET = re.compile(r"ds-[0-9a-f]{16}")  # the name training.prepare gives a dataset
+# What a torchrun launcher leaves in its log when a worker failed (torch.distributed.elastic).
+FAILED_MARKS = ("ChildFailedError", "Traceback (most recent call last)")
 
 
 class TrainingKind(JobKind):
@@ -35,6 +42,18 @@ class TrainingKind(JobKind):
         spec = super().load(d)
         spec.local_tar = Path(spec.local_tar) if spec.local_tar else None
         return spec
+
+    @classmethod
+    def check_stored(cls, spec, cache: Path):
+        """Its packed data taken from orch's cache alone, under a name orch gives, as its dataset's."""
+        if spec.local_tar is not None:
+            if not _TAR.fullmatch(spec.local_tar.name):
+                raise UsageError("the job's stored spec is refused: its packed dataset is not one orch made "
+                                 "(HASH.tar in its cache)")
+            spec.local_tar = cache / spec.local_tar.name
+        if spec.dataset_name is not None and (not isinstance(spec.dataset_name, str) or
+                                              not _DATASET.fullmatch(spec.dataset_name)):
+            raise UsageError("the job's stored spec is refused: its dataset name is not one orch gives")
 
     # -- before anything is rented -------------------------------------------------------------
     def prepare(self, orch, js, disk_given: bool):
@@ -63,6 +82,13 @@ class TrainingKind(JobKind):
         s = self.spec
         return offers.Workload(model=s.model, epochs=s.epochs, data=s.data, data_bytes=s.data_bytes,
                                images=js.images, imgsz=s.imgsz)
+
+    def node_failed(self, tail: str) -> str | None:
+        """A worker's failure in another node's log (torchrun's marks): the group's training is lost."""
+        if not any(mark in tail for mark in FAILED_MARKS):
+            return None
+        last = next((line for line in reversed(tail.splitlines()) if "Error" in line), "")
+        return f"its training failed ({clean(last, 200)})"
 
     def stopped_at(self, job) -> str:
         return f"stopped at epoch {job.epoch or '?'}"
@@ -158,11 +184,12 @@ class TrainingKind(JobKind):
 
     @staticmethod
     def show(d: dict) -> list[str]:
-        from orchestrator.text import clean
-
         copy = d["checkpoint_epoch"] if d["checkpoint_epoch"] and d["state"] != COMPLETED else None  # a completed
         return [f"  model    {clean(d['model'])} on {clean(d['data'], 200)}, epoch {d['epoch'] or '-'}/{d['epochs']}"
                 + (f", resume copy at epoch {copy}" if copy else "")]  # job's copies are gone: its weights are home
+
+    def node_view(self, job, run) -> dict:
+        return {"exit_code": None, "epoch": job.epoch}  # rank 0 reports it for the group: its ranks move in step
 
     @staticmethod
     def progress(d: dict) -> str:
@@ -173,8 +200,6 @@ class TrainingKind(JobKind):
         return f" from epoch {attempt['start_epoch']}" if attempt["start_epoch"] else ""
 
     def plan_lines(self, name: str) -> list[str]:
-        from orchestrator.text import clean
-
         s = self.spec
         return [f"  train    {clean(s.model)} for {s.epochs} epochs on {clean(s.data, 200)}",
                 f"  weights  -> $ORCH_HOME/runs/{name}/ (milestones as they are saved, then everything)"]
