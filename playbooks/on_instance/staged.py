@@ -24,7 +24,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import extract
