@@ -6,16 +6,18 @@ reads from the head (its state, its training), every other node is checked (``lo
 stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or (a LibreYOLO training)
 its training ended with an error. Any of these ends the attempt: the work is ended on every node
 that still answers (a lost peer leaves the others waiting on the process group for hours) and the
-newest intact checkpoint is kept (taken from the head where it still answers). Then, where the
-other nodes answer (``unusable``), the lost node alone is replaced and attempt K+1 runs on the same
-group (``engine._replace``); else the whole group is destroyed and the next attempt rents a fresh
-one. Either way the checkpoint goes on EVERY node (LibreYOLO resumes from ``last.pt`` on each).
+newest intact checkpoint is kept (taken from the head where it still answers). Where the other
+nodes answer (``unusable``), the lost node alone is replaced, rented while that stop and that pull
+go on (``replace``), and attempt K+1 runs on the same group (``engine._replace``); else the whole
+group is destroyed and the next attempt rents a fresh one. Either way the checkpoint goes on EVERY
+node (LibreYOLO resumes from ``last.pt`` on each).
 ``--retries`` counts both; ``--max-cost`` counts every machine (``cost``: replaced ones too).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Callable
 
 from orchestrator import groups, states
 from orchestrator.errors import OrchError, SSHError
@@ -119,3 +121,41 @@ def end_runs(orch, head) -> list[str]:
 def destroy(orch, inst, reason: str) -> None:
     """Destroy every live node of ``inst``'s group at once (raises when one could not be)."""
     groups.down(orch, nodes_of(orch, inst), reason)
+
+
+def replace(orch, lost, request, beside: Callable[[], None], **up):
+    """``groups.replace_node`` (``up``: its options) while ``beside`` runs (what the lost attempt
+    leaves to keep: the survivors' work ended, the newest checkpoint pulled), neither waiting for
+    the other; returns the new node once both have ended. Ctrl-C calls the rental off (what it made
+    is destroyed) and is raised once both have ended, a node that was ready by then destroyed first:
+    nothing rented for the replacement bills. The rental's failure is raised after ``beside`` ended
+    (the whole group's relaunch starts from its checkpoint); ``beside``'s, with the new node destroyed."""
+    from orchestrator import parallel as par
+
+    outcomes: list = [(None, None), (None, None)]
+    what = f"node {lost.node_rank} of {lost.group_name}"
+
+    def rent():
+        return groups.replace_node(orch, lost, request, **up,
+                                   halted=lambda: f"interrupted (Ctrl-C): {what} not replaced" if halt else None)
+
+    try:
+        with par.ctrl_c_held() as halt:  # a Ctrl-C here is seen by the rental's waits, then raised
+            outcomes = par.each(lambda step: step(), [rent, beside], 2)
+    except KeyboardInterrupt:
+        _drop(orch, outcomes[0][0], f"{what}: its replacement interrupted (Ctrl-C)")
+        raise
+    (fresh, failed), (_, beside_failed) = outcomes
+    if beside_failed is not None:
+        _drop(orch, fresh, f"{what}: its replacement called off ({_why(beside_failed)})")
+        raise beside_failed
+    if failed is not None:
+        raise failed
+    return fresh
+
+
+def _drop(orch, node, reason: str) -> None:
+    """Destroy a node rented in vain, if it lives (``Orch.down`` raises when it could not be)."""
+    node = orch.ledger.get(node.id) if node is not None else None
+    if node is not None and node.state in states.LIVE:
+        orch.down(node, reason)
