@@ -91,12 +91,15 @@ def lost_node(orch, head, bound_minutes: float) -> tuple[str, object] | None:
 
 def unusable(orch, survivors: list) -> str | None:
     """Why the survivors of a lost node cannot carry on with a replacement, or None: each must be
-    ready at its provider and answer over SSH now."""
+    ready at its provider and answer over SSH now (all asked at once: the replacement waits for
+    the answers; the lowest rank's reason is the one given)."""
+    from orchestrator import parallel as par
     from orchestrator import remote
 
     if not survivors:
         return "no node survived"
-    for node in survivors:
+
+    def why_not(node) -> str | None:
         try:
             node = orch.refresh(node)
         except OrchError as e:
@@ -108,6 +111,13 @@ def unusable(orch, survivors: list) -> str | None:
                 remote.run(c, "true")
         except OrchError as e:
             return f"node {node.node_rank} ({node.name}) does not answer either ({_why(e)})"
+        return None
+
+    for why, error in par.each(why_not, survivors, len(survivors)):
+        if error is not None:
+            raise error
+        if why:
+            return why
     return None
 
 
