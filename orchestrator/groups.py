@@ -283,10 +283,12 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
 
 
 def replace_node(orch, lost: Instance, request: Request, *, policy: str | None = None,
-                 ssh_timeout: float | None = None, prepare: bool = True) -> Instance:
+                 ssh_timeout: float | None = None, prepare: bool = True,
+                 halted: Callable[[], str | None] | None = None) -> Instance:
     """One node rented in place of ``lost`` (destroyed first, if it is not gone yet): the same
     group, rank and name, so its siblings keep theirs. ``request`` is the group's (same offer: the
-    same region, and the group's placement group where the provider keeps one)."""
+    same region, and the group's placement group where the provider keeps one). ``halted``: why
+    its bring-up is called off (``Orch.bring_up``: what was made is destroyed)."""
     from orchestrator import volume_mounts
 
     mounts = volume_mounts.same_as(orch, lost)  # its volumes: free again once it is gone
@@ -297,7 +299,7 @@ def replace_node(orch, lost: Instance, request: Request, *, policy: str | None =
     fields = {"group_id": lost.group_id, "group_name": lost.group_name, "node_rank": lost.node_rank,
               "group_size": lost.group_size}
     return orch.up(lost.name, lost.provider, req, ssh_timeout=ssh_timeout, policy=policy, prepare=prepare,
-                   group=fields)
+                   group=fields, halted=halted)
 
 
 def _free(orch, name: str, nodes: int) -> None:

@@ -119,14 +119,19 @@ class Orch(InstanceOps):
     @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
            policy: str | None = None, after_verify: Callable[[Instance], None] | None = None,
-           prepare: bool = True, group: dict | None = None) -> Instance:
+           prepare: bool = True, group: dict | None = None,
+           halted: Callable[[], str | None] | None = None) -> Instance:
         """Rent, wait for SSH, provision and verify (unless ``prepare`` is False: reached over SSH
         only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys.
-        ``group``: the node's group fields on its row (a replacement node, ``groups.replace``)."""
+        ``group``: the node's group fields on its row (a replacement node, ``groups.replace``);
+        ``halted``: why the bring-up is called off (``bring_up``), asked before anything is rented too."""
         check_request(name, request)
         provider = self.provider(provider_name)
         provider.validate(request)
         provider.require_credentials()
+        why = halted() if halted else None
+        if why:
+            raise OrchError(why)
         from orchestrator.reconcile import leftover
 
         inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left
@@ -140,7 +145,7 @@ class Orch(InstanceOps):
             remote = self._create(provider, inst, request, public_key)
             kill_point("create-returned")
             inst = self.created(inst, provider, remote, prepare)
-        return self.bring_up(inst, provider, ssh_timeout, after_verify)
+        return self.bring_up(inst, provider, ssh_timeout, after_verify, halted)
 
     def record_new(self, name: str, provider_name: str, request: Request, policy: str | None,
                    group: dict | None = None) -> Instance:

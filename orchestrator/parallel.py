@@ -65,16 +65,17 @@ def ctrl_c_held():
     it would have been. A Ctrl-C between two ``Thread.start`` calls left a thread that never began,
     and a caller that waited ten minutes for it: `orch up --nodes 2` interrupted while its nodes' bring-
     ups started (1 in 16 tries on a loaded machine). Signals' handlers run on the main thread only;
-    anywhere else the block runs as it is."""
+    anywhere else the block runs as it is. It yields the Ctrl-Cs held so far (a list, empty until
+    one comes): work the block waits for can look at it and call itself off (``jobs.group.replace``)."""
     import signal
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     seen: list = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
     before = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(frame))
     try:
-        yield
+        yield seen
     finally:
         signal.signal(signal.SIGINT, before)
         if seen and callable(before):

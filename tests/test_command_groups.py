@@ -106,6 +106,13 @@ def test_a_lost_node_is_replaced_alone_and_the_group_resumes_from_the_restored_c
     assert len({r.group_id for r in rows}) == 1
     history = " ".join(h["text"] for h in job["history"])
     assert "replaced alone" in history and "saved" in history, history[-2000:]
+    # What the user reads, in the order it happened, though the new node was rented beside the
+    # survivors' stop and the checkpoint's pull: each line once, none lost to the other.
+    lines = [h["text"] for h in job["history"]]
+    steps = ("attempt 1 lost", "ended the training on every node", "took the checkpoint folder",
+             "attempt 2: node 1 (ddp-a1-1) replaced alone", "attempt 2 running")
+    at = [next((k for k, line in enumerate(lines) if line.startswith(step)), None) for step in steps]
+    assert None not in at and at == sorted(at), lines[-8:]
     run = (orch_home / "runs" / "ddp" / "out" / "run.txt").read_text().splitlines()
     assert run[0] == "world 2" and run[1] != "resumed from step 0", run
     assert live_instances() == [] and local_billing(orch_home) == set()

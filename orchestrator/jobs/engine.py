@@ -472,7 +472,6 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str, node=None):
     node of a group lost (``node``, or the head itself) while the others answer: that node alone is
     replaced (``_replace``), the survivors kept with their setup, data and caches."""
     from orchestrator import groups
-    from orchestrator.jobs import group
 
     why = record.scrub(job, why)  # it may quote the instance: the job's secrets hidden
     attempt = _end_attempt(orch, attempt, LOST, why)
@@ -482,45 +481,63 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str, node=None):
     phases["lost_at"] = record.now().isoformat()
     job = orch.ledger.update_job(job.id, phases=json.dumps(phases))
     job = note(orch, job, f"attempt {attempt.number} lost: {why}")
-    if groups.is_group(inst):  # the survivors would wait on their lost peer for hours: ended now
-        problems = group.end_runs(orch, inst)
-        note(orch, job, "ended the training on every node that answers" + (f" (not: {'; '.join(problems)})"
-                                                                           if problems else ""), say=False)
-    if inst is not None and run is not None and run.run_dir and orch.ledger.get(inst.id).state == states.READY:
-        try:  # the old instance still answers: its own newest checkpoint, when it is intact
-            kept, problem = js.kind_of().take_checkpoint(orch, job, inst, run)
-            if kept:
-                note(orch, job, kept)
-            elif problem:
-                copy = orch.ledger.get_job(job.id).checkpoint_epoch
-                note(orch, job, f"{problem}; resuming from the job's copy"
-                               + (f" (epoch {copy})" if copy else " (none: starting over)"))
-        except OrchError as e:
-            note(orch, job, f"could not read {inst.name} any more ({_why(e)}): resuming from the job's copy")
-    from orchestrator.jobs import resume_copy  # a copy the attempt crashed on as it resumed is not tried again
-    resume_copy.crashed_on(orch, job, attempt, why)
+    kept: list = []
+
+    def keep() -> None:  # once: a replacement keeps it beside its rental
+        if not kept:
+            kept.append(True)
+            _keep(orch, job, js, attempt, inst, run, why)
+
     if groups.is_group(inst):
         if node is None and orch.ledger.get(inst.id).state != states.READY:
             node = inst  # the head itself is the node lost
-        replaced = _replace(orch, orch.ledger.get_job(job.id), js, attempt, inst, node)
+        replaced = _replace(orch, job, js, attempt, inst, node, keep)
         if replaced is not None:
             return replaced
+    keep()
     if inst is not None:
         _destroy_attempt(orch, job, inst, f"job {job.name}: attempt {attempt.number} lost ({why[:200]}): destroyed, "
                                           "the job relaunches elsewhere")
     return relaunch(orch, orch.ledger.get_job(job.id), js)
 
 
-def _replace(orch, job, js: JobSpec, attempt, head, node):
-    """Attempt K+1 on attempt K's group with ``node`` replaced alone: one node rented in its place
-    (same offer, rank and name), the checkpoint copy restored on every node, the work started again
-    on the whole group with the same ranks. None (and the job says why) where the survivors cannot
-    be reused: the caller relaunches the whole group."""
+def _keep(orch, job, js: JobSpec, attempt, inst, run, why: str) -> None:
+    """What a lost attempt leaves: a group's work ended on every node that answers (the survivors
+    would wait on their lost peer for hours), the old instance's own newest intact checkpoint where
+    it still answers, and a copy the attempt crashed on as it resumed forgotten."""
     from orchestrator import groups
+    from orchestrator.jobs import group, resume_copy
+
+    if groups.is_group(inst):
+        problems = group.end_runs(orch, inst)
+        note(orch, orch.ledger.get_job(job.id), "ended the training on every node that answers"
+             + (f" (not: {'; '.join(problems)})" if problems else ""), say=False)
+    if inst is not None and run is not None and run.run_dir and orch.ledger.get(inst.id).state == states.READY:
+        try:  # the old instance still answers: its own newest checkpoint, when it is intact
+            kept, problem = js.kind_of().take_checkpoint(orch, orch.ledger.get_job(job.id), inst, run)
+            if kept:
+                note(orch, orch.ledger.get_job(job.id), kept)
+            elif problem:
+                copy = orch.ledger.get_job(job.id).checkpoint_epoch
+                note(orch, orch.ledger.get_job(job.id), f"{problem}; resuming from the job's copy"
+                     + (f" (epoch {copy})" if copy else " (none: starting over)"))
+        except OrchError as e:
+            note(orch, orch.ledger.get_job(job.id), f"could not read {inst.name} any more ({_why(e)}): resuming from "
+                                                    "the job's copy")
+    resume_copy.crashed_on(orch, job, attempt, why)  # a copy the attempt crashed on as it resumed is not tried again
+
+
+def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
+    """Attempt K+1 on attempt K's group with ``node`` replaced alone: one node rented in its place
+    (same offer, rank and name) while ``keep`` ends the survivors' work and pulls the checkpoint
+    (``group.replace``), the checkpoint copy restored on every node, the work started again on the
+    whole group with the same ranks. None (and the job says why, after ``keep``) where the
+    survivors cannot be reused: the caller relaunches the whole group."""
     from orchestrator.jobs import group
 
     def whole(why: str):
-        note(orch, job, f"the whole group is relaunched: {why}")
+        keep()
+        note(orch, orch.ledger.get_job(job.id), f"the whole group is relaunched: {why}")
         return None
 
     if node is None:
@@ -535,7 +552,7 @@ def _replace(orch, job, js: JobSpec, attempt, head, node):
         return None  # relaunch says why it stops
     nodes = group.nodes_of(orch, head)
     survivors = [n for n in nodes if n.id != node.id]
-    problem = group.unusable(orch, survivors)
+    problem = group.unusable(orch, survivors)  # before anything is rented
     if problem:
         return whole(problem)
     key = (record.loads(attempt.offer, {}) or {}).get("key")
@@ -551,12 +568,16 @@ def _replace(orch, job, js: JobSpec, attempt, head, node):
     saved = (f"; the {len(survivors)} survivor(s) kept their setup, data and caches (saved ~{saved_s:.0f} s of "
              f"bring-up each, ~${per_node * len(survivors) * saved_s / 3600:.4f})") if saved_s else ""
     number = attempts[-1].number + 1
-    job = note(orch, job, f"attempt {number}: node {node.node_rank} ({node.name}) replaced alone{saved}")
     policy = caps.attempt_policy(orch, job, js, attempt.price_hr)
 
+    def beside() -> None:  # the job's history as before: what was kept, then the replacement
+        keep()
+        note(orch, orch.ledger.get_job(job.id), f"attempt {number}: node {node.node_rank} ({node.name}) replaced "
+                                                f"alone{saved}")
+
     def rent(start):
-        fresh = groups.replace_node(orch, orch.ledger.get(node.id), request, policy=policy, ssh_timeout=js.ssh_timeout,
-                                    prepare=js.kind_of().provisioned)
+        fresh = group.replace(orch, orch.ledger.get(node.id), request, beside, policy=policy,
+                              ssh_timeout=js.ssh_timeout, prepare=js.kind_of().provisioned)
         ready = group.nodes_of(orch, fresh)
         start(ready[0])
         return ready[0]

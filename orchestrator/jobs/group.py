@@ -7,16 +7,18 @@ stopped, broken, preempted, unreachable past ``job_unreachable_minutes``, or its
 way its kind calls a failure (``JobKind.node_failed``: a LibreYOLO training's error in its log).
 Any of these ends the attempt: the work is ended on every node that still answers (a lost peer
 leaves the others waiting on the process group for hours) and the newest intact checkpoint is
-kept (taken from the head where it still answers). Then, where the other nodes answer
-(``unusable``), the lost node alone is replaced and attempt K+1 runs on the same group
-(``engine._replace``); else the whole group is destroyed and the next attempt rents a fresh one.
-Either way the checkpoint goes on EVERY node (LibreYOLO resumes from ``last.pt`` on each).
+kept (taken from the head where it still answers). Where the other nodes answer (``unusable``),
+the lost node alone is replaced, rented while that stop and that pull go on (``replace``), and
+attempt K+1 runs on the same group (``engine._replace``); else the whole group is destroyed and
+the next attempt rents a fresh one. Either way the checkpoint goes on EVERY node (LibreYOLO
+resumes from ``last.pt`` on each).
 ``--retries`` counts both; ``--max-cost`` counts every machine (``cost``: replaced ones too).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Callable
 
 from orchestrator import groups, states
 from orchestrator.errors import OrchError, SSHError
@@ -86,12 +88,15 @@ def lost_node(orch, head, bound_minutes: float, kind) -> tuple[str, object] | No
 
 def unusable(orch, survivors: list) -> str | None:
     """Why the survivors of a lost node cannot carry on with a replacement, or None: each must be
-    ready at its provider and answer over SSH now."""
+    ready at its provider and answer over SSH now (all asked at once: the replacement waits for
+    the answers; the lowest rank's reason is the one given)."""
+    from orchestrator import parallel as par
     from orchestrator import remote
 
     if not survivors:
         return "no node survived"
-    for node in survivors:
+
+    def why_not(node) -> str | None:
         try:
             node = orch.refresh(node)
         except OrchError as e:
@@ -103,6 +108,13 @@ def unusable(orch, survivors: list) -> str | None:
                 remote.run(c, "true")
         except OrchError as e:
             return f"node {node.node_rank} ({node.name}) does not answer either ({_why(e)})"
+        return None
+
+    for why, error in par.each(why_not, survivors, len(survivors)):
+        if error is not None:
+            raise error
+        if why:
+            return why
     return None
 
 
@@ -116,3 +128,41 @@ def end_runs(orch, head) -> list[str]:
 def destroy(orch, inst, reason: str) -> None:
     """Destroy every live node of ``inst``'s group at once (raises when one could not be)."""
     groups.down(orch, nodes_of(orch, inst), reason)
+
+
+def replace(orch, lost, request, beside: Callable[[], None], **up):
+    """``groups.replace_node`` (``up``: its options) while ``beside`` runs (what the lost attempt
+    leaves to keep: the survivors' work ended, the newest checkpoint pulled), neither waiting for
+    the other; returns the new node once both have ended. Ctrl-C calls the rental off (what it made
+    is destroyed) and is raised once both have ended, a node that was ready by then destroyed first:
+    nothing rented for the replacement bills. The rental's failure is raised after ``beside`` ended
+    (the whole group's relaunch starts from its checkpoint); ``beside``'s, with the new node destroyed."""
+    from orchestrator import parallel as par
+
+    outcomes: list = [(None, None), (None, None)]
+    what = f"node {lost.node_rank} of {lost.group_name}"
+
+    def rent():
+        return groups.replace_node(orch, lost, request, **up,
+                                   halted=lambda: f"interrupted (Ctrl-C): {what} not replaced" if halt else None)
+
+    try:
+        with par.ctrl_c_held() as halt:  # a Ctrl-C here is seen by the rental's waits, then raised
+            outcomes = par.each(lambda step: step(), [rent, beside], 2)
+    except KeyboardInterrupt:
+        _drop(orch, outcomes[0][0], f"{what}: its replacement interrupted (Ctrl-C)")
+        raise
+    (fresh, failed), (_, beside_failed) = outcomes
+    if beside_failed is not None:
+        _drop(orch, fresh, f"{what}: its replacement called off ({_why(beside_failed)})")
+        raise beside_failed
+    if failed is not None:
+        raise failed
+    return fresh
+
+
+def _drop(orch, node, reason: str) -> None:
+    """Destroy a node rented in vain, if it lives (``Orch.down`` raises when it could not be)."""
+    node = orch.ledger.get(node.id) if node is not None else None
+    if node is not None and node.state in states.LIVE:
+        orch.down(node, reason)
