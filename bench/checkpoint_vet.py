@@ -1,7 +1,7 @@
 """What the controller's checkpoint check costs in its bounded child process, against the same check
 in-process (issue 53): the child is a fresh ``python -I -S checkpoint.py`` with its memory capped.
 
-    .venv/bin/python bench/checkpoint_vet.py [PATH/last.pt] [--runs 9]
+    .venv/bin/python bench/checkpoint_vet.py [PATH/last.pt] [--runs 9] [--quick]
 
 Without a path, a small ``torch.save`` checkpoint is made (needs torch); a real LibreYOLO ``last.pt``
 is the figure that matters (yolo9-t's: 0.7 s in-process on the 2-core build machine). The overhead
@@ -38,7 +38,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("path", nargs="?")
     ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--quick", action="store_true", help="one run of each (the tests)")
     args = ap.parse_args()
+    if args.quick:
+        args.runs = 1
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.path) if args.path else Path(tmp) / "last.pt"
         if not args.path:
@@ -53,6 +56,8 @@ def main() -> None:
         print(f"  python -I -S -c pass      {bare:.3f} s")
         print(f"  check in-process          {inside:.3f} s")
         print(f"  checkpoint_vet.vet        {child:.3f} s  (+{child - inside:.3f} s for the child)")
+        print(f"  the child's cost: {(child - inside) / bare:.2f}x a bare interpreter's start, "
+              f"{child / inside:.2f}x the check in-process")
 
 
 if __name__ == "__main__":
