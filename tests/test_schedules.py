@@ -505,6 +505,7 @@ def scheduling_run_due(orch, t: datetime) -> list[dict]:
 
 
 @pytest.mark.training
+@pytest.mark.long(weight=2)
 def test_a_scheduled_libreyolo_training_runs_on_a_reaper_pass_and_brings_its_weights_home(orch_home, tmp_path):
     """The seed's nightly job: a train: task on a cron; a reaper pass starts the run, later passes
     follow it to its end, and its weights are home under the run's name."""

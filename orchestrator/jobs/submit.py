@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.jobs import budget, engine, record, resume_copy
+from orchestrator.jobs.handed import handing
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.record import forget, note
 from orchestrator.jobs.spec import Submission
@@ -27,16 +28,6 @@ class OverEstimate(UsageError):
         super().__init__(f"the best plan, {clean(choice.line, 300)}: its estimate ${usd:.4f} is over --max-cost "
                          f"${ceiling:g}; nothing rented")
         self.choice, self.usd = choice, usd
-
-
-# {job name: its secrets' values} while ``submit`` starts its first attempt: what the command kind
-# reads for that job instead of this process's environment (``kinds.command.secret_source``).
-_HANDED: dict[str, dict[str, str]] = {}
-
-
-def handed(job) -> dict[str, str] | None:
-    """The secrets handed to ``job``'s first launch by its submission, if any (never stored)."""
-    return _HANDED.get(job.name) if job is not None else None
 
 
 @dataclass
@@ -86,11 +77,8 @@ def submit(orch, sub: Submission, dry_run: bool = False, fresh: bool = True) -> 
     from orchestrator import task
 
     task.hide_too({n: {v} for n, v in sub.secrets.items()})  # whatever the attempt says back: hidden
-    _HANDED[job.name] = dict(sub.secrets)
-    try:
+    with handing(job.name, sub.secrets):  # to its first launch alone, never this process's environment
         return Submitted(choice, engine.start(orch, job, choice))
-    finally:
-        _HANDED.pop(job.name, None)
 
 
 def _record(orch, sub: Submission, choice: Choice, plan_seconds: float):

@@ -60,7 +60,7 @@ def secret_source(orch, job):
     import os
 
     from orchestrator import ledger_schedules, schedule_secrets
-    from orchestrator.jobs.submit import handed
+    from orchestrator.jobs.handed import handed
 
     given = handed(job)  # its submission's (a schedule's run, at its first launch)
     if given is not None:
