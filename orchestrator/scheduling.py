@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterator
 
 from orchestrator import cron
 from orchestrator.errors import NoCapacity, OrchError, UsageError
@@ -71,22 +69,6 @@ def secrets_for(home: Path, s_name: str, names: list[str],
                     f"{s_name} -f {clean(task_file, 200)} --replace` with it exported stores it for its runs alone)"
                     + (f"; {problem}" if problem else "") + ": nothing launched half-configured")
     return {n: stored[n] for n in names}, None
-
-
-@contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment for the launch (the job reads its secrets there),
-    as they were afterwards."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # -- what a run runs --------------------------------------------------------------------------------
@@ -326,20 +308,15 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     values, problem = secrets_for(orch.home, s.name, secrets_of(sub), s.task_file)
     if problem:
         return end(ls.SKIPPED, problem)
-    sub = replace(sub, allowed_secrets=frozenset(values))  # stored for it at `add`: handed over there
+    # Stored for it at `add`: handed over there, and handed to the launch with the submission (never this
+    # process's environment); --max-cost checked on the one plan the run rents.
+    sub = replace(sub, allowed_secrets=frozenset(values), secrets=values, max_estimate=s.max_cost)
     retry = st.closes is not None  # inside a window: the next pass tries again, until it closes
     until = f"; the next pass tries again, until {c.local(st.closes):%H:%M %Z}" if retry else ""
     try:
-        with environment(values):
-            if s.max_cost is not None:  # the estimate, before anything is rented
-                choice = jobs.submit(orch, sub, dry_run=True).choice
-                cost = estimate(choice, sub)
-                if cost is not None and cost > s.max_cost:
-                    return end(ls.WAITING if retry else ls.SKIPPED,
-                               f"the best plan, {clean(choice.line, 300)}: its estimate ${cost:.4f} is over "
-                               f"--max-cost ${s.max_cost:g}; nothing rented" + until,
-                               price_hr=choice.price_hr, usd=cost)
-            got = jobs.submit(orch, sub)
+        got = jobs.submit(orch, sub)
+    except jobs.OverEstimate as e:
+        return end(ls.WAITING if retry else ls.SKIPPED, _why(e) + until, price_hr=e.choice.price_hr, usd=e.usd)
     except OrchError as e:
         job = orch.ledger.job(row.name)
         if job is not None and cron.utc(job.created_at) >= cron.utc(row.created_at) - timedelta(minutes=1):
@@ -352,7 +329,7 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     job = note(orch, got.job, f"a run of schedule {s.name} (its occurrence {when})", say=False)
     said = f"{st.reason}; " if st.reason else ""
     done = end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
-               usd=estimate(got.choice, sub), job_state=job.state)
+               usd=sub.estimate(got.choice), job_state=job.state)
     if job.state in jobs.ACTIVE:
         # Watched from now on, as `orch run` watches its job: --max-cost, completion, pulls and
         # teardown within seconds, not at a next pass that may never come (no reaper installed).
@@ -362,17 +339,10 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     return done
 
 
-def estimate(choice, sub) -> float | None:
-    """The plan's estimate for the whole job: the plan's own (a training's epochs), else its $/hr
-    for the job's --max-hours (a command's deadline); None where neither is known."""
-    from orchestrator import budget
-
-    return budget.estimate(choice.usd, choice.price_hr, sub.max_hours)
-
-
 def _refused(orch, s, name: str, e: OrchError) -> tuple[str, dict]:
     """Why a run was not launched; where the price ceiling left no offer, with the best plan's
-    prices (asked once more without the ceiling: nothing rented, nothing recorded)."""
+    prices (the plan made again without the ceiling from the listing just made, orch's offers cache:
+    nothing rented, nothing recorded)."""
     from orchestrator import jobs
 
     reason = _why(e)
@@ -380,11 +350,11 @@ def _refused(orch, s, name: str, e: OrchError) -> tuple[str, dict]:
         return (reason if isinstance(e, UsageError) else f"could not start: {reason}"), {}
     sub = submission(s, name, ceilings=False)
     try:
-        choice = jobs.submit(orch, sub, dry_run=True).choice
+        choice = jobs.submit(orch, sub, dry_run=True, fresh=False).choice  # the listing just made
     except OrchError as probe:
         return (f"no offer under --max-price ${s.max_price:g}/hr ({reason}; without it: {_why(probe)}); "
                 "nothing rented"), {}
-    prices = {"price_hr": choice.price_hr, "usd": estimate(choice, sub)}
+    prices = {"price_hr": choice.price_hr, "usd": sub.estimate(choice)}
     if choice.price_hr is None or choice.price_hr <= s.max_price:
         return f"no offer under --max-price ${s.max_price:g}/hr now ({reason}); nothing rented", prices
     return (f"the best plan, {clean(choice.line, 300)}: ${choice.price_hr:.4f}/hr is over --max-price "

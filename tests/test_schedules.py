@@ -476,6 +476,73 @@ def test_a_plan_estimated_over_max_cost_is_skipped_with_its_estimate(orch_home, 
     assert fake.pods == {} and orch.ledger.jobs() == []
 
 
+def test_a_scheduled_run_with_max_cost_asks_each_provider_for_its_offers_once(orch_home, tmp_path, runpod):
+    """The estimate checked against --max-cost is the plan the run rents: RunPod's catalog is listed
+    for it as often as for one `orch run --dry-run` of the task (once per cloud), not twice."""
+    fake, env = runpod
+    task = gpu_task(tmp_path, "once", "max_hours: 2")
+    run_orch("run", "-f", task, "--dry-run", env=env, check=0)
+    listings = [p for m, p, _ in fake.requests if m == "GET" and "/catalog/gpus" in p]
+    assert listings, fake.requests[:5]
+    run_orch("schedule", "add", "-f", task, "--cron", "@hourly", "--max-cost", "100", env=env, check=0)
+    fake.requests.clear()
+    orch = reaper()
+    due = schedule(orch, "once").due_at + MIN
+    got = scheduling_run_due(orch, due)
+    assert [d["state"] for d in got] == ["running"], got
+    asked = [p for m, p, _ in fake.requests if m == "GET" and "/catalog/gpus" in p]
+    assert len(asked) == len(listings), (asked, listings)
+    row = occurrences(orch, "once")[-1]
+    assert row.usd == pytest.approx(row.price_hr * 2) and row.usd <= 100
+    until_ended(orch, got[0]["name"], due + MIN)
+    assert fake.pods == {} or all(p.status == "TERMINATED" for p in fake.pods.values())
+
+
+def scheduling_run_due(orch, t: datetime) -> list[dict]:
+    from orchestrator import scheduling
+
+    return scheduling.run_due(orch, t)
+
+
+@pytest.mark.training
+@pytest.mark.long(weight=2)
+def test_a_scheduled_libreyolo_training_runs_on_a_reaper_pass_and_brings_its_weights_home(orch_home, tmp_path):
+    """The seed's nightly job: a train: task on a cron; a reaper pass starts the run, later passes
+    follow it to its end, and its weights are home under the run's name."""
+    pytest.importorskip("torch")
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
+    task = write(tmp_path / "nightly.yaml", f"""
+        name: nightly
+        resources: {{cpu: true}}
+        train:
+          data: {ds}
+          model: yolo9-t
+          epochs: 1
+          imgsz: 64
+          batch: 4
+          args: {{workers: 0}}
+        """)
+    added = run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
+    assert "runs      " in added.stdout and "train yolo9-t for 1 epochs" in added.stdout, added.stdout
+    orch = reaper()
+    due = schedule(orch, "nightly").due_at + MIN
+    got = one_pass(orch, due)
+    assert [d["state"] for d in got if d["name"].startswith("nightly-")] in (["running"], ["training"]), got
+    name = next(d["name"] for d in got if d["name"].startswith("nightly-"))
+
+    def ended():
+        one_pass(orch, due + MIN)
+        job = orch.ledger.job(name)
+        return job if job is not None and job.state in ("completed", "failed", "stopped", "cancelled") else None
+
+    job = wait_for(ended, timeout=500, what=f"{name} ended")
+    assert job.state == "completed", job.reason
+    assert (orch_home / "runs" / name / "weights" / "last.pt").is_file()
+    assert local_billing(orch_home) == set()
+
+
 # -- secrets: the schedule's own, apart from the reaper's keys ----------------------------------------
 def secret_task(tmp_path: Path, name: str, secrets: str = "[SCHED_TEST_TOKEN]") -> Path:
     return write(tmp_path / f"{name}.yaml", f"""

@@ -142,3 +142,21 @@ def test_a_new_job_kind_is_one_class_and_one_registration(orch_home, monkeypatch
     assert (orch_home / "runs" / "n1" / "note.txt").read_text() == "hello from a new kind"
     assert json.loads(job.spec)["note"] == {"text": "hello from a new kind"}
     assert [i for i in orch.ledger.instances() if i.state not in ("destroyed", "failed", "lost")] == []
+
+
+def test_run_resume_of_a_training_is_checked_for_its_files_not_refused_as_a_replace(orch_home, tmp_path):
+    """`orch run NAME --data DS --resume` is asked for the run's last.pt (it used to be refused
+    always, as if --replace had been given with it), and an ended training's files are kept unless
+    --replace is given."""
+    from orchestrator import dataset
+
+    ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
+    got = run_orch("run", "rs", "--data", ds, "--cpu", "--resume", check=2)
+    assert "--resume starts from" in got.stderr and "which does not exist" in got.stderr, got.stderr
+    assert "--replace removes them" not in got.stderr
+    kept = orch_home / "runs" / "rs" / "weights" / "best.pt"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"weights of an ended run")
+    got = run_orch("run", "rs", "--data", ds, "--cpu", "--dry-run", check=None)
+    assert "the launch would be refused" in got.stderr and "already holds job rs's files" in got.stderr, got.stderr
+    assert kept.read_bytes() == b"weights of an ended run"

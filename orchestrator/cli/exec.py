@@ -86,6 +86,7 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
     import shlex
 
     from orchestrator import task
+    from orchestrator.jobs import request
 
     if file is not None:
         t, lines = task.load(file)
@@ -104,18 +105,18 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
         raise UsageError(f"{where}: nothing to run: -- CMD, or -f with a run: (commands:)")
     if setup and not t.setup:
         raise UsageError(f"{where}: --setup, but the task has no setup:")
-    base = task_run.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb)
+    base = request.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb)
     for o in output:  # checked as a task's outputs are: inside the working directory
         task.under_workdir(o, "output", "--output")
     if output:
         t.outputs = list(dict.fromkeys([*t.outputs, *output]))
     task.check(t, path, lines)
-    task_run._say_translation(path, lines)
+    request._say_translation(path, lines, say)
     given = t.model_dump(exclude_unset=True)
     ignored = [key for key in NOT_USED if key in given]
     if ignored:
         say(f"orch exec: not used on a machine that is up: {', '.join(ignored)}")
-    cmd = task_run.command_spec(t, path, lines, base)
+    cmd = request.command_spec(t, path, lines, base)
     cmd.setup = t.setup if setup else None  # its setup reused: run again only when asked
     cmd.checkpoint = None  # nothing is relaunched: no checkpoint copy to take
     return cmd

@@ -55,6 +55,7 @@ def up(
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
     from orchestrator import config, plugins, training
+    from orchestrator.jobs.request import check_up_options, refuse_reached, renter
 
     policy, spec, request = check_up_options(
         name, provider=provider, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer,
@@ -140,129 +141,6 @@ def refuse_over_budget(what: str, provider, request, nodes: int, hours: float | 
         return
     price = provider.known_price_hr(request) if provider is not None else None
     budget.check(open_orch().ledger, budget.estimate(None, None if price is None else price * nodes, hours), what)
-
-
-def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, offer, ssh_timeout, data, model,
-                     epochs, imgsz, batch, save_period, train_arg, push_to, resume, idle_minutes, max_hours, on_idle,
-                     rebuild_cost, need_data: bool = False, nodes: int = 1, volume=None):
-    """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
-    training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
-    options (``need_data``: training is what it is for) and checks them here too."""
-    from orchestrator import training
-    from orchestrator import policy as policies
-    from orchestrator.lifecycle import check_name
-
-    check_name(name)
-    from orchestrator.volume_uses import flags
-
-    flags(volume)  # --volume as written (where each volume is: once the rest is checked)
-    policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
-                                 rebuild_cost=rebuild_cost)
-    check_ssh_timeout(ssh_timeout)
-    spec = None
-    if data is not None or resume or need_data:
-        if not data:
-            raise UsageError("--data needs a dataset folder or hf://ORG/REPO/FILE.tar" if data is not None or need_data
-                             else "--resume needs --data (the dataset the run trains on)")
-        spec = training.TrainSpec(data=data, model=model, epochs=epochs, imgsz=imgsz, batch=batch,
-                                  save_period=save_period, train_args=training.parse_train_args(train_arg or []),
-                                  push_to=push_to, resume=resume)
-        training.check_spec(spec)
-    else:
-        _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model)
-    request = request_from(name, gpu=gpu, gpus=gpus, cpu=cpu, disk=disk, image=image, spot=spot, bid=bid, offer=offer)
-    if provider is not None:
-        refuse_spot(provider, spot)  # an unknown provider is refused before anything is opened
-    # What a provider can never do (a group on RunPod) is said before a key it would need anyway.
-    check_group_options(name, nodes, spec, request, provider, resume=resume, job=need_data)
-    if provider is not None:
-        need_credentials(provider)
-    return policy, spec, request
-
-
-def check_ssh_timeout(minutes: float | None) -> None:
-    if minutes is not None and not 0 < minutes <= 24 * 60:
-        raise UsageError(f"--ssh-timeout must be minutes above 0 and at most 1440, not {minutes}")
-
-
-def request_from(name: str, *, gpu, gpus, cpu, disk, image, spot, bid, offer):
-    """The machine asked for, checked (its disk 20 GB when not given)."""
-    from orchestrator.lifecycle import check_request
-    from orchestrator.provider import Request
-
-    request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
-                      image=image, spot=spot, bid=bid, offer=offer)
-    check_request(name, request)
-    return request
-
-
-def refuse_spot(provider: str, spot: bool) -> None:
-    """--spot on a provider named: refused up front when it has none (an unknown provider too). Its
-    capabilities are the built provider's: the local one's depend on this machine."""
-    if spot and not renter(provider).capabilities.spot:
-        raise UsageError(f"{provider} has no spot instances (`orch check {provider}` lists what it lacks): drop --spot")
-
-
-def refuse_spot_on(providers: list[str], spot: bool) -> None:
-    """--spot on a job whose providers are named: refused when none of them has spot instances, as
-    its launch would find (a dry run too)."""
-    if spot and providers and not any(renter(p).capabilities.spot for p in providers):
-        refuse_spot(providers[0], True)
-
-
-def renter(provider: str):
-    """The provider that will rent, built from its settings alone (no ledger opened), to ask what it can do."""
-    from orchestrator import config, plugins
-
-    return plugins.provider_class(provider)(config.provider_settings(provider), config.home())
-
-
-def need_credentials(provider: str) -> None:
-    """A provider without its key is refused before anything is opened, checked or created."""
-    renter(provider).require_credentials()
-
-
-def check_group_options(name, nodes, spec, request, provider, resume: bool = False, job: bool = False):
-    """--nodes N: its size, the names of its nodes, the global batch against the world size, and
-    the provider's own word that it can rent a group, all before anything is opened. ``job``:
-    `orch run` checks its names (NAME-aK) and its providers (a list) itself."""
-    from orchestrator import groups, plugins
-
-    groups.check_nodes(nodes)
-    if nodes == 1:
-        return
-    if spec is not None:
-        per_node = 1 if request.cpu else request.gpus
-        groups.check_batch(spec.batch, nodes, per_node, 16 if request.cpu else None)
-    if job:
-        return
-    groups.check_name(name, nodes)
-    if resume:
-        raise UsageError("--resume on a group: `orch run NAME --nodes N --resume` resumes it on every node")
-    groups.check_provider(renter(provider or plugins.default_provider()), nodes, request)
-
-
-def refuse_reached(folder, epochs: int) -> None:
-    """--resume to --epochs the pulled run already reached is refused up front, with the epoch it
-    reached (its status.json and metrics.jsonl say so, without torch here)."""
-    from orchestrator.jobs.resume_copy import pulled_epoch
-
-    reached = pulled_epoch(folder)
-    if reached is not None and reached >= epochs:
-        raise UsageError(f"the run already reached epoch {reached} of {epochs} (pulled in {folder}): resume with "
-                         f"--epochs above {reached}")
-
-
-def _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, model) -> None:
-    """Training options without --data would be silently ignored: refuse them."""
-    given = [flag for flag, value, default in (("--train-arg", train_arg, None), ("--push-to", push_to, None),
-                                               ("--save-period", save_period, None), ("--imgsz", imgsz, None),
-                                               ("--batch", batch, None), ("--epochs", epochs, 10),
-                                               ("--model", model, "yolo9-t"))
-             if value not in (default, [])]
-    if given:
-        raise UsageError(f"{', '.join(given)} {'is a training option' if len(given) == 1 else 'are training options'}: "
-                         "add --data")
 
 
 def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
@@ -684,24 +562,3 @@ def _free_local_port(start: int) -> int:
                 continue
     raise OrchError(f"no free local port in {start}-{start + 19}")
 
-
-def group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
-    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
-    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
-    from orchestrator import groups, jobs, plugins
-    from orchestrator.provider import RentsGroups
-
-    longest = jobs.MAX_GROUP_JOB_NAME
-    if len(name) > longest:
-        raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "
-                         f"NAME-a1-0, NAME-a1-1, ...), not {len(name)}")
-    if request.cpu and not providers:
-        providers = [plugins.default_provider()]
-    if providers:
-        for p in providers:
-            groups.check_provider(renter(p), nodes, request)
-        return providers
-    able = [p for p in plugins.providers() if isinstance(renter(p), RentsGroups)]
-    if not able:
-        raise UsageError(f"--nodes {nodes}: no provider orch knows can rent a group")
-    return able

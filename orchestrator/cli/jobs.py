@@ -1,7 +1,7 @@
 """``orch run`` (one command from a dataset to weights on disk) and ``orch jobs`` (list, show, cancel, logs).
 
 ``orch run`` takes every option of ``orch up`` (its signature is ``up``'s, so an option added there
-reaches here too, checked by the same ``instances.check_up_options``) and a job's own: ``--max-cost``,
+reaches here too, checked by the same ``jobs.request.check_up_options``) and a job's own: ``--max-cost``,
 ``--max-hours`` (the whole job's deadline rather than one instance's), ``--retries``, ``--keep``,
 and ``--provider`` repeatable (the providers to rank). What a job is and how it moves: ``orchestrator.jobs``.
 """
@@ -71,28 +71,14 @@ def run(
     """Train from a dataset to weights on disk, or run any command (`-f task.yaml`, `NAME -- CMD`):
     plan the offer cheapest per job, launch, pull milestones, recover from lost machines, pull
     everything, destroy. `orch up`'s options apply."""
-    sub = None
-    name, command = _after_dashes(name, command)
-    if file is not None or command or env or secret or workdir or allow_secret:
-        got = task_run.resolve(ctx, name, command, file, dry_run, env or [], secret or [], workdir, provider, max_cost,
-                               max_hours, retries, keep, {**options, "allow_secret": allow_secret or [],
-                                                          "workdir_max_mb": workdir_max_mb, "replace": replace})
-        if isinstance(got, task_run.Training):
-            name, options, max_cost, max_hours = got.name, got.options, got.max_cost, got.max_hours
-            retries, keep, provider, max_price = got.retries, got.keep, got.providers, got.max_price
-            options.pop("replace", None)
-        else:
-            sub = got
-    else:
-        max_price = None
-    if sub is None:
-        sub = _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run, replace)
-    if avoid_preempted:
-        from dataclasses import replace
+    from orchestrator.jobs import request
 
-        sub = replace(sub, spec=replace(sub.spec, avoid_preempted=True))
-    _check_caps(sub)
-    _submit(sub, dry_run, wait, as_json)
+    name, command = _after_dashes(name, command)
+    flags = request.Flags(up=options, env=env or [], secret=secret or [], workdir=workdir, provider=provider or [],
+                          max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep, replace=replace,
+                          allow_secret=allow_secret or [], workdir_max_mb=workdir_max_mb,
+                          avoid_preempted=avoid_preempted, given=task_run.typed(ctx))
+    _submit(request.build(name, command, file, flags, dry_run, say=say), dry_run, wait, as_json)
 
 
 def _after_dashes(name, command):
@@ -103,67 +89,6 @@ def _after_dashes(name, command):
     if name is not None and rest and rest == [name, *(command or [])]:
         return None, [name, *(command or [])]
     return name, command
-
-
-def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run=False, replace=False):
-    """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
-    from dataclasses import replace
-
-    from orchestrator import checkpoint_vet, config, jobs, plugins, volume_mounts
-
-    if name is None:
-        raise UsageError("orch run needs a NAME (`orch run NAME --data ...`, `orch run NAME -- CMD`) or -f task.yaml")
-    jobs.check_job_name(name)
-    providers = list(dict.fromkeys(provider or []))
-    named = list(providers)
-    options.pop("cheapest", None)  # a job always takes the offer cheapest per job
-    policy, spec, request = instances.check_up_options(name, provider=None, max_hours=None, need_data=True, **options)
-    if _cpu_by_default(providers, options):
-        # As `orch up` does on a laptop: no key to rent a GPU anywhere and none here, a CPU instance
-        # on the default provider rather than a failed search for GPU offers.
-        request = replace(request, cpu=True)
-        say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
-            f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
-    nodes = options["nodes"]
-    if nodes > 1:
-        providers = instances.group_providers(name, nodes, providers, request)
-    for p in named:
-        instances.need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
-    instances.refuse_spot_on(named, request.spot)
-    if request.cpu or request.offer:  # nothing to rank: the first provider named (or the default one) rents
-        first = instances.renter(providers[0] if providers else plugins.default_provider())
-        first.validate(request)
-        first.require_credentials()
-    folder = config.home() / "runs" / name
-    if spec.resume:
-        if replace:
-            raise UsageError("--resume continues from the run's files, --replace removes them: one or the other")
-        if not (folder / "weights" / "last.pt").is_file():
-            raise UsageError(f"--resume starts from {folder / 'weights' / 'last.pt'}, which does not exist")
-        instances.refuse_reached(folder, spec.epochs)
-        checkpoint_vet.refuse_unsafe(folder / "weights" / "last.pt")
-    else:
-        from orchestrator.jobs.record import refuse_taken
-
-        refuse_taken(config.home(), name, dry_run, replace, say)  # --resume continues from them instead
-    ssh_timeout = options["ssh_timeout"]
-    js = jobs.JobSpec(kind="train", work=spec, request=request, providers=providers or None,
-                      ssh_timeout=ssh_timeout * 60 if ssh_timeout else None, policy=policy, nodes=nodes,
-                      max_price=max_price, volumes=volume_mounts.for_flags(options.get("volume"), nodes, named))
-    return jobs.Submission(name, js, max_cost=max_cost, max_hours=max_hours, retries=retries, keep=keep,
-                           resume_from=folder if spec.resume else None, disk_given=options["disk"] is not None,
-                           replace=replace)
-
-
-def _check_caps(sub) -> None:
-    from orchestrator import jobs
-
-    if sub.max_cost is not None and not 0 < sub.max_cost < 1e6:
-        raise UsageError(f"--max-cost must be a $ amount above 0, not {sub.max_cost:g}")
-    if sub.max_hours is not None and not 0 < sub.max_hours <= 100_000:
-        raise UsageError(f"--max-hours must be above 0, not {sub.max_hours:g}")
-    if not 0 <= sub.retries <= jobs.MAX_RETRIES:
-        raise UsageError(f"--retries must be between 0 and {jobs.MAX_RETRIES}, not {sub.retries}")
 
 
 def _submit(sub, dry_run: bool, wait: bool, as_json: bool) -> None:
@@ -230,23 +155,6 @@ def _cancel_unstarted(orch, job) -> None:
             job = orch.ledger.get_job(job.id)
     say(f"orch: job {job.name}: {job.state}; nothing of it is left rented"
         if job.state == jobs.CANCELLED else f"orch: job {job.name}: {job.state}")
-
-
-def _cpu_by_default(providers: list[str], options: dict) -> bool:
-    """No choice made (no --provider, --gpu, --gpus, --cpu or --offer), the default provider has no
-    GPU here but runs CPU instances, and no other provider has a key: nothing to rank."""
-    from orchestrator import config, plugins
-
-    if providers or options["gpu"] is not None or options["cpu"] or options["gpus"] != 1 or options["offer"]:
-        return False
-    default = plugins.default_provider()
-    local = plugins.provider_class(default)(config.provider_settings(default))
-    if local.capabilities.gpu or not local.capabilities.cpu_only:
-        return False
-    for name, cls in plugins.providers().items():
-        if name != default and cls(config.provider_settings(name)).configured():
-            return False
-    return True
 
 
 def _signature() -> inspect.Signature:

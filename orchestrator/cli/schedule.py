@@ -25,15 +25,6 @@ app.add_typer(schedule_app, name="schedule")
 STAMP = len("-YYYYMMDD-HHMM")
 
 
-class _NoFlags:
-    """What ``task_run.resolve`` asks of `orch run`'s context: no `orch run` flag was given here
-    (the task file says it all; the schedule's own flags are the schedule's)."""
-
-    @staticmethod
-    def get_parameter_source(name):
-        return None
-
-
 def check_name(name: str) -> None:
     from orchestrator import jobs
     from orchestrator.lifecycle import check_name as check
@@ -116,9 +107,6 @@ def add(
     if not name:
         raise UsageError(f"the schedule needs a NAME: `orch schedule add NAME -f {file} ...`, or name: in the file")
     check_name(name)
-    if t.train is not None:
-        raise UsageError(f"{task.where(file, lines, 'train')}: a schedule runs a command task (run:); a train: task "
-                         "cannot be scheduled in this orch yet")
 
     c = cron.Cron(expr, tz_name)
     now = scheduling.utcnow()
@@ -133,9 +121,13 @@ def add(
         raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is not set in this "
                          "environment: export it and add the schedule again (orch keeps it for this schedule's runs "
                          f"alone in {schedule_secrets.FOLDER}/{name}.json under $ORCH_HOME, 0600; never in the ledger)")
-    with scheduling.environment(values):  # the task's secret check reads them there
-        sub = task_run.resolve(_NoFlags(), c.run_name(name, due), None, file, False, [], [], workdir, None, None,
-                               None, 3, False, {"allow_secret": allow, "workdir_max_mb": workdir_max_mb})
+    from orchestrator.jobs import request
+
+    # The task file says it all (no `orch run` flag is typed here; the schedule's own are the schedule's),
+    # its secrets checked against the values kept for its runs, never put in this process's environment.
+    flags = request.Flags(up=task_run.up_defaults(), workdir=workdir, allow_secret=allow,
+                          workdir_max_mb=workdir_max_mb)
+    sub = request.build(c.run_name(name, due), None, file, flags, environ={**os.environ, **values}, say=say)
     req = sub.spec.request
     if price is not None and (req.cpu or req.offer) and _known_price(sub) is None:
         what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
@@ -157,7 +149,8 @@ def add(
     work = sub.spec.work
     out(f"schedule {name} {'replaced' if old else 'added'}: {expr} ({tz_name}), next run "
         f"{c.local(due).isoformat()} as {c.run_name(name, due)}" + (" (paused)" if row.paused else ""))
-    out(f"  runs      {file}: {clean(work.run, 200)}")
+    runs = work.run if getattr(work, "run", None) else " ".join(sub.spec.kind_of().plan_lines(sub.name)[0].split())
+    out(f"  runs      {file}: {clean(runs, 200)}")
     if tar is not None:
         out(f"  workdir   {work.workdir}, as it is now: {tar} ({work.workdir_bytes / 1e6:.2f} MB)")
     money = [f"--max-price ${price:g}/hr" if price is not None else "",

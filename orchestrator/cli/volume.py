@@ -30,7 +30,7 @@ def create(name: str = typer.Argument(..., help="Your name for it (lowercase let
            as_json: bool = typer.Option(False, "--json", help="Print the volume as JSON.")):
     """Make a volume at PROVIDER: it bills from now until `orch volume rm`."""
     from orchestrator import volumes
-    from orchestrator.cli.instances import renter
+    from orchestrator.jobs.request import renter
 
     where = volumes.check_create(name, renter(provider), size, region, zone)  # before anything is opened
     orch = open_orch()

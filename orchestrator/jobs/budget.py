@@ -24,7 +24,7 @@ def before(orch, choice, sub, dry_run: bool) -> str | None:
     st = budget.standing(orch.ledger)
     if st is None:
         return None
-    usd = budget.estimate(choice.usd, choice.price_hr, sub.max_hours)
+    usd = sub.estimate(choice)
     why = st.fits(usd)
     if why and not dry_run:
         raise UsageError(f"job {sub.name} is refused by the budget: {why}; nothing was rented (`orch budget`)")

@@ -34,9 +34,11 @@ class Choice:
                 "gpus": self.request.gpus, "cpu": self.request.cpu, "spot": self.request.spot}
 
 
-def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Choice:
+def plan(orch, js, done: int | None = None, avoid: set[str] | None = None, fresh: bool = True) -> Choice:
     """The attempt's offer, from one live listing of each provider asked (the job's copy of epoch
-    ``done`` leaves that much less to do); offers in ``avoid`` (a launch there failed) are skipped."""
+    ``done`` leaves that much less to do); offers in ``avoid`` (a launch there failed) are skipped.
+    ``fresh=False``: a listing orch's offers cache still holds is read again instead (a question
+    about a plan just made, never a plan to rent)."""
     from orchestrator import config, offers, plugins, volume_mounts
 
     kind = js.kind_of()
@@ -61,7 +63,7 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None) -> Ch
     query = offers.Query(gpu=req.gpu, gpus=req.gpus, mode=mode, disk_gb=req.disk_gb, providers=providers,
                          max_price=js.max_price, volumes=volume_mounts.volumes_of(req), min_vram=js.min_vram,
                          max_vram=js.max_vram, nodes=js.nodes)
-    answer = offers.search(orch, query, work, fresh=True)
+    answer = offers.search(orch, query, work, fresh=fresh)
     for name, error in answer.errors:
         orch.say(f"      {name} not compared: {error}")
     for name, why in answer.skipped:

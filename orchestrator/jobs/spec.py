@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +166,16 @@ class Submission:
     # stored at `add`): kept at home for its relaunches (``record.allow_secrets``), never in the ledger
     allowed_secrets: frozenset = frozenset()
     replace: bool = False  # an ended job of that name (its row, its files) is removed once the plan holds
+    # The values of its secrets where they are not this process's environment (a schedule's run: those
+    # stored for that schedule): handed to its first launch (``submit``), never stored, never shown.
+    secrets: dict = field(default_factory=dict, repr=False, compare=False)
+    # $: a plan whose estimate for the whole job (``estimate``) is above it is refused before anything
+    # is rented (a schedule's --max-cost), with the plan (``submit.OverEstimate``).
+    max_estimate: float | None = None
+
+    def estimate(self, choice) -> float | None:
+        """The plan's estimate for the whole job: the plan's own (a training's epochs), else its $/hr
+        for the job's --max-hours (a command's deadline); None where neither is known."""
+        from orchestrator import budget
+
+        return budget.estimate(choice.usd, choice.price_hr, self.max_hours)

@@ -11,10 +11,23 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.jobs import budget, engine, record, resume_copy
+from orchestrator.jobs.handed import handing
 from orchestrator.jobs.plan import Choice, check_plan, plan
 from orchestrator.jobs.record import forget, note
 from orchestrator.jobs.spec import Submission
 from orchestrator.jobs.states import ACTIVE, ENDED, PLANNED
+
+
+class OverEstimate(UsageError):
+    """A plan whose estimate for the whole job is over the submission's ``max_estimate``: nothing
+    recorded, nothing rented; the plan and its estimate go with the refusal."""
+
+    def __init__(self, choice: Choice, usd: float, ceiling: float):
+        from orchestrator.text import clean
+
+        super().__init__(f"the best plan, {clean(choice.line, 300)}: its estimate ${usd:.4f} is over --max-cost "
+                         f"${ceiling:g}; nothing rented")
+        self.choice, self.usd = choice, usd
 
 
 @dataclass
@@ -23,10 +36,11 @@ class Submitted:
     job: Any = None  # None for a dry run: nothing recorded, nothing rented
 
 
-def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
+def submit(orch, sub: Submission, dry_run: bool = False, fresh: bool = True) -> Submitted:
     """Plan ``sub`` once, record the plan and start its first attempt on the offer recorded; with
     ``dry_run``, only plan it. Refusals (a name in use, a plan over --max-cost) come before
-    anything is recorded or rented."""
+    anything is recorded or rented. The offers are listed once (``fresh=False``: a listing orch's
+    offers cache still holds is read again, for a dry run that asks about a plan just made)."""
     js = sub.spec
     kind = js.kind_of()
     taken = orch.ledger.job(sub.name)
@@ -38,8 +52,11 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
     if not req.cpu and not req.offer:
         orch.say(f"plan: asking {', '.join(js.providers) if js.providers else 'every provider with a key'} for "
                  "live offers")
-    choice = plan(orch, js)
+    choice = plan(orch, js, fresh=fresh)
     check_plan(choice, sub.max_cost)
+    usd = sub.estimate(choice)
+    if sub.max_estimate is not None and usd is not None and usd > sub.max_estimate:
+        raise OverEstimate(choice, usd, sub.max_estimate)
     orch.say(f"plan: {choice.line}")
     said = budget.before(orch, choice, sub, dry_run)  # refused here (exit 2) when it does not fit: nothing made
     if said:
@@ -55,7 +72,13 @@ def submit(orch, sub: Submission, dry_run: bool = False) -> Submitted:
                      f"{', '.join(map(str, held)) or 'none'} removed)")
     job = _record(orch, replace(sub, spec=js), choice, time.monotonic() - t0)
     record.allow_secrets(orch.home, job, sub.allowed_secrets)
-    return Submitted(choice, engine.start(orch, job, choice))
+    if not sub.secrets:
+        return Submitted(choice, engine.start(orch, job, choice))
+    from orchestrator import task
+
+    task.hide_too({n: {v} for n, v in sub.secrets.items()})  # whatever the attempt says back: hidden
+    with handing(job.name, sub.secrets):  # to its first launch alone, never this process's environment
+        return Submitted(choice, engine.start(orch, job, choice))
 
 
 def _record(orch, sub: Submission, choice: Choice, plan_seconds: float):

@@ -60,7 +60,11 @@ def secret_source(orch, job):
     import os
 
     from orchestrator import ledger_schedules, schedule_secrets
+    from orchestrator.jobs.handed import handed
 
+    given = handed(job)  # its submission's (a schedule's run, at its first launch)
+    if given is not None:
+        return given
     if job is not None:
         schedule = ledger_schedules.of_jobs(orch.ledger, [job.id]).get(job.id)
         if schedule is not None:
