@@ -187,7 +187,8 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
     plan already made for the first attempt (``submit``'s), rented as recorded."""
     js = js or JobSpec.from_json(job.spec)
     kind = js.kind_of()
-    _end_given_up(orch, job)
+    if job.state not in ENDED:  # (an ended job's machines are its ending's: --keep keeps one)
+        _end_given_up(orch, job)
     while True:
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
