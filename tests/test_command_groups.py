@@ -139,6 +139,53 @@ def test_ctrl_c_during_a_groups_bring_up_leaves_no_process_and_no_live_row(orch_
     assert local_billing(orch_home) == set(), "every node made so far destroyed"
 
 
+REPLACED = """
+name: rep
+resources:
+  cpu: true
+nodes: 2
+run: |
+  mkdir -p ckpt
+  n=$(cat ckpt/n 2>/dev/null || echo 0)
+  while [ "$n" -lt 3000 ]; do n=$((n + 1)); [ "$ORCH_NODE_RANK" = 0 ] && echo "$n" > ckpt/n; sleep 0.1; done
+checkpoint: ckpt
+checkpoint_minutes: 0.02
+"""
+
+
+def test_ctrl_c_while_a_lost_node_is_replaced_leaves_no_node_of_the_old_group_billing(orch_home, tmp_path):
+    """The survivors of node 1's loss stayed ready (and billing) after a Ctrl-C during node 1's
+    replacement: the next look relaunched the job as a new group beside them, and nothing ended them."""
+    (tmp_path / "task.yaml").write_text(REPLACED)
+    proc = orch_proc("run", "-f", tmp_path / "task.yaml", "--wait", "--json")
+    try:
+        ledger = open_orch().ledger
+        wait_for(lambda: (ledger.job("rep") or None) and (ledger.job("rep").checkpoint_epoch or 0) >= 1, 240,
+                 "a checkpoint copy of rep at home")
+        lost = next(i for i in ledger.instances() if i.name == "rep-a1-1")
+        open_orch().provider("local").destroy(lost.provider_id)
+
+        def renting():  # node 1's replacement rented, attempt 2 not running yet
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            return any(i.name == "rep-a1-1" and i.id != lost.id for i in ledger.instances())
+        wait_for(renting, 240, "node 1's replacement rented", every=0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    job = ledger.job("rep")
+    assert [a.state for a in ledger.attempts(job.id)] == ["lost", "interrupted"], err[-3000:]
+    shown = json.loads(run_orch("jobs", "show", "rep", "--json", check=0).stdout)  # the job advanced once more
+    fleet = json.loads(run_orch("status", "--all", "--json", check=0).stdout)
+    live = {i["name"] for i in fleet if i["state"] not in ("destroyed", "failed", "lost")}
+    assert not {n for n in live if n.startswith("rep-a1-")}, (live, shown["history"][-6:])
+    assert shown["state"] == "running" and live == {"rep-a3-0", "rep-a3-1"}, (shown["state"], live)
+    run_orch("jobs", "cancel", "rep", check=0)
+    assert live_instances() == [] and local_billing(orch_home) == set()
+
+
 def test_the_dry_run_shows_the_groups_plan_and_bad_group_input_is_refused_before_anything(orch_home):
     plan = run_orch("run", "-f", EXAMPLES / "torchrun-2-nodes" / "task.yaml", "--provider", "local", "--cpu",
                     "--dry-run", check=0).stdout

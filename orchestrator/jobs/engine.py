@@ -187,6 +187,8 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
     plan already made for the first attempt (``submit``'s), rented as recorded."""
     js = js or JobSpec.from_json(job.spec)
     kind = js.kind_of()
+    if job.state not in ENDED:  # (an ended job's machines are its ending's: --keep keeps one)
+        _end_given_up(orch, job)
     while True:
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
@@ -251,6 +253,35 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
         choice = None  # a launch that failed: the next one is planned afresh, without that offer
 
 
+def _end_given_up(orch, job) -> None:
+    """Every attempt so far is given up once the job relaunches (the next one rents its own group):
+    whatever of theirs still lives is destroyed. A replacement interrupted by Ctrl-C or a crash left
+    the old group's survivors ready (the INTERRUPTED attempt K+1 names none; attempt K, lost, still
+    points at its head), and the relaunch rented beside them: they billed on, and nothing looked."""
+    for attempt in orch.ledger.attempts(job.id):
+        inst = _attempt_live(orch, attempt)
+        if inst is not None:  # (a group: every node of it)
+            _destroy_attempt(orch, job, inst, f"job {job.name}: attempt {attempt.number} was given up "
+                                              "(the job relaunches): destroyed")
+
+
+def _attempt_live(orch, attempt):
+    """A live machine of an attempt (of its head's group, or its instance, where it names one;
+    else of what was made under its name since it began: a launch interrupted before it knew its
+    head), or None."""
+    from orchestrator import groups
+    from orchestrator.jobs import group
+
+    inst = orch.ledger.get(attempt.instance_id) if attempt.instance_id else None
+    if inst is None:
+        since = record.utc(attempt.started_at) - timedelta(seconds=5)
+        made = [orch.ledger.by_name(attempt.instance_name)] + groups.live(orch.ledger, attempt.instance_name)
+        inst = next((i for i in made if i is not None and record.utc(i.created_at) >= since), None)
+    if inst is None:
+        return None
+    return next((n for n in group.nodes_of(orch, inst) if n.state in states.LIVE), None)
+
+
 def start(orch, job, choice=None):
     """Launch the first attempt of a planned job, on ``choice`` when the plan was just made."""
     with claims.hold(orch.ledger, claim(job.name)):
@@ -308,10 +339,7 @@ def _advance(orch, job):
     if attempt.state == LAUNCHING:  # its process died mid-launch: we hold the job's claim now
         attempt = orch.ledger.update_attempt(attempt.id, state=INTERRUPTED, ended_at=record.now(),
                                              reason="the orch process launching it ended before it trained")
-        from orchestrator import groups
-
-        inst = orch.ledger.by_name(attempt.instance_name) or next(iter(groups.live(orch.ledger, attempt.instance_name)),
-                                                                  None)
+        inst = _attempt_live(orch, attempt)
         if inst is not None:
             _destroy_attempt(orch, job, inst, f"job {job.name}: attempt {attempt.number} was left half-launched")
         return relaunch(orch, job, js)
@@ -585,14 +613,24 @@ def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
     try:
         return launch(orch, job, js, choice, number, rent=rent, name=attempt.instance_name,
                       kept=frozenset(n.id for n in survivors))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the next look relaunches the whole group: the survivors would bill till then
+        from orchestrator import parallel as par
+
+        with par.ctrl_c_held():  # a second Ctrl-C does not leave them half destroyed
+            live = _attempt_live(orch, attempt)
+            if live is not None:
+                _destroy_attempt(orch, job, live, f"job {job.name}: the replacement of node {node.node_rank} was "
+                                                  "interrupted (Ctrl-C): the whole group relaunches")
+            note(orch, orch.ledger.get_job(job.id), f"attempt {number} interrupted while node {node.node_rank} was "
+                                                    "replaced: the group destroyed, the next look relaunches it whole",
+                 say=False)
         raise
     except OrchError as e:
         job = orch.ledger.get_job(job.id)
         if job.state == PLANNED:
             job = orch.ledger.update_job(job.id, expect=PLANNED, state=RECOVERING)
         whole(f"the replacement of node {node.node_rank} failed ({_why(e)})")
-        live = next((n for n in group.nodes_of(orch, head) if n.state in states.LIVE), None)
+        live = _attempt_live(orch, attempt)
         if live is not None:
             _destroy_attempt(orch, job, live, f"job {job.name}: node {node.node_rank} could not be replaced: "
                                               "the whole group relaunches")
