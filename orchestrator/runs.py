@@ -167,6 +167,11 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
     # What the run printed may show a secret its command got: hidden in every text file that comes
     # home, and where this process does not hold one (a scheduled reaper), no text file comes.
     hide, missing = held_secrets(run_secrets(run))
+    if missing:  # a schedule's run: its secrets are the schedule's, at home, not this process's (a watcher's)
+        from orchestrator import schedule_secrets, task
+
+        task.hide_too(schedule_secrets.every_value(orch.home))
+        hide, missing = held_secrets(run_secrets(run))
     with orch.connect(inst) as c:
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))

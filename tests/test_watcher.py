@@ -329,6 +329,28 @@ def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_ho
     assert live_instances() == []
 
 
+def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs_and_log_home(orch_home, tmp_path):
+    """`orch schedule run` from a shell that no longer exports the secret (the schedule keeps it):
+    the watcher, which never held it either, left every text file on the instance and destroyed it,
+    the job `completed` with `pulled 0 new file(s)` and `orch jobs logs` had nothing to show."""
+    secret = "s3cret-" + os.urandom(6).hex()
+    task = write(tmp_path / "task.yml", """
+        name: keyed
+        resources: {cpu: true}
+        secrets: [KEYED_TOKEN]
+        run: echo "token $KEYED_TOKEN" && echo done > out.txt
+        outputs: [out.txt]
+        """)
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", env={"KEYED_TOKEN": secret}, check=0)
+    ran = run_orch("schedule", "run", "keyed", env=WATCHED, check=0)
+    name = ran.stdout.split(":")[0]
+    wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
+    assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n", "its output came home"
+    logs = run_orch("jobs", "logs", name, check=0).stdout
+    assert "token " in logs and secret not in logs, logs
+    assert live_instances() == []
+
+
 def test_a_pass_that_ends_a_group_job_shows_its_nodes_ended_not_ready(orch_home):
     run_orch("run", "g2", "--nodes", "2", "--provider", "local", "--cpu", "--", "true", check=0)
 
