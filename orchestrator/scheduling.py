@@ -332,7 +332,11 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     try:
         with environment(values):
             if s.max_cost is not None:  # the estimate, before anything is rented
-                choice = jobs.submit(orch, sub, dry_run=True).choice
+                said, orch.say = orch.say, (lambda m: None)  # the launch below says its plan, once
+                try:
+                    choice = jobs.submit(orch, sub, dry_run=True).choice
+                finally:
+                    orch.say = said
                 cost = estimate(choice, sub)
                 if cost is not None and cost > s.max_cost:
                     return end(ls.WAITING if retry else ls.SKIPPED,

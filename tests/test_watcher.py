@@ -290,6 +290,7 @@ def test_a_scheduled_run_started_by_hand_is_watched_and_stopped_for_max_cost_wit
     run_orch("schedule", "add", "capped", "-f", task, "--cron", "0 2 * * *", "--max-cost", "0.001", check=0)
     ran = run_orch("schedule", "run", "capped", env=WATCHED, check=0)
     name = ran.stdout.split(":")[0]
+    assert ran.stderr.count("plan: ") == 1, "its plan said once, not the estimate's too: " + ran.stderr
     pid = watcher_pid(ran)
     # $0.001 at $0.5/hr is 7.2 s of machine: the watcher stops it then, not at a pass nobody makes.
     wait_for(lambda: job_state(name) in ("failed", "completed", "cancelled"), timeout=90,
