@@ -343,12 +343,15 @@ def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs
         outputs: [out.txt]
         """)
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", env={"KEYED_TOKEN": secret}, check=0)
+    other = write(tmp_path / "other.yml", "name: other\nresources: {cpu: true}\nsecrets: [KEYED_TOKEN]\nrun: 'true'\n")
+    run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"KEYED_TOKEN": "0"}, check=0)  # not this run's
     ran = run_orch("schedule", "run", "keyed", env=WATCHED, check=0)
     name = ran.stdout.split(":")[0]
     wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
     assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n", "its output came home"
     logs = run_orch("jobs", "logs", name, check=0).stdout
-    assert "token " in logs and secret not in logs, logs
+    assert "token ***" in logs and secret not in logs, logs
+    assert f"{name}-a1" in logs, "its own text, not masked by another schedule's value: " + logs
     assert live_instances() == []
 
 
