@@ -336,7 +336,7 @@ def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs
     the job `completed` with `pulled 0 new file(s)` and `orch jobs logs` had nothing to show."""
     secret = "s3cret-" + os.urandom(6).hex()
     task = write(tmp_path / "task.yml", """
-        name: keyed
+        name: keyed-nightly-report
         resources: {cpu: true}
         secrets: [KEYED_TOKEN]
         run: echo "token $KEYED_TOKEN" && echo done > out.txt
@@ -345,13 +345,14 @@ def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", env={"KEYED_TOKEN": secret}, check=0)
     other = write(tmp_path / "other.yml", "name: other\nresources: {cpu: true}\nsecrets: [KEYED_TOKEN]\nrun: 'true'\n")
     run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"KEYED_TOKEN": "0"}, check=0)  # not this run's
-    ran = run_orch("schedule", "run", "keyed", env=WATCHED, check=0)
+    ran = run_orch("schedule", "run", "keyed-nightly-report", env=WATCHED, check=0)
     name = ran.stdout.split(":")[0]
     wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
     assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n", "its output came home"
     logs = run_orch("jobs", "logs", name, check=0).stdout
     assert "token ***" in logs and secret not in logs, logs
     assert f"{name}-a1" in logs, "its own text, not masked by another schedule's value: " + logs
+    assert name in run_orch("jobs", check=0).stdout.split(), "`orch jobs` shows its name whole, not folded"
     assert live_instances() == []
 
 
