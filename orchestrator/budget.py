@@ -122,10 +122,12 @@ class Standing:
         out = []
         for p in self.periods:
             s = p.spent
+            left = p.usd - p.total - self.committed()  # below 0 once crossed: said as what it is over by
+            left_text = f"left ${left:.4f}" if left >= 0 else f"nothing left (${-left:.4f} over)"
             out.append(f"budget {p.name:<8} ${p.usd:g} since {p.since.astimezone(_zone(self.tz)):%Y-%m-%d %H:%M} "
                        f"{self.tz}: spent ${p.total:.4f} ({100 * p.total / p.usd:.0f} %: instances "
                        f"${s['instances']:.4f}, volumes ${s['volumes']:.4f}, schedules ${s['schedules']:.4f}), "
-                       f"committed ${self.committed():.4f}, left ${p.usd - p.total - self.committed():.4f}")
+                       f"committed ${self.committed():.4f}, {left_text}")
         for j in self.jobs:
             est = f"estimate ${j['estimate']:.4f}" if j["estimate"] is not None else "no estimate"
             out.append(f"  job {j['name']}: {est}, spent ${j['spent']:.4f}, committed ${j['committed']:.4f}")

@@ -10,6 +10,7 @@ every node of a group. What is LibreYOLO's own (its data staged, its launch) is 
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -167,6 +168,8 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
     # What the run printed may show a secret its command got: hidden in every text file that comes
     # home, and where this process does not hold one (a scheduled reaper), no text file comes.
     hide, missing = held_secrets(run_secrets(run))
+    if missing:  # a schedule's run: its secrets are the schedule's, at home, not this process's (a watcher's)
+        hide, missing = held_secrets(run_secrets(run), {**_schedule_secrets(orch, inst), **os.environ})
     with orch.connect(inst) as c:
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))
@@ -184,6 +187,20 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
     if got or not only_milestones:
         orch.ledger.update_run(run.id, pulled_at=datetime.now(timezone.utc))
     return got, target
+
+
+def _schedule_secrets(orch, inst) -> dict[str, str]:
+    """The secrets stored for the schedule whose run ``inst`` serves (none: {}): that schedule's
+    alone, so another schedule's short value ("1") does not mask every digit of this run's text."""
+    from sqlmodel import select
+
+    from orchestrator import ledger_schedules, schedule_secrets
+    from orchestrator.ledger import Attempt
+
+    with orch.ledger.session(write=False) as s:
+        ids = list(s.exec(select(Attempt.job_id).where(Attempt.instance_id == inst.id)))
+    name = next(iter(ledger_schedules.of_jobs(orch.ledger, ids).values()), None)
+    return schedule_secrets.read(orch.home, name)[0] if name else {}
 
 
 def run_bounds(run):

@@ -59,6 +59,8 @@ def test_a_running_job_that_crosses_the_budget_is_stopped_with_its_outputs_home_
     assert len(warned) == 1, texts  # at 80 %, once
     assert any("the daily budget $2 is spent" in t and "jobs stopped: spender" in t for t in texts), texts
     hook.close()
+    shown = run_orch("budget", check=0).stdout  # crossed: what it is over by, not "left $-0.5756"
+    assert "$-" not in shown and re.search(r"nothing left \(\$\d+\.\d{4} over\)", shown), shown
 
 
 def test_orch_budget_and_orch_cost_show_spent_committed_and_left(orch_home):

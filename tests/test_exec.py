@@ -122,4 +122,5 @@ def test_exec_output_brings_files_home_verified_without_a_task_file(orch_home):
     [digest] = [w for line in proc.stdout.splitlines() if line.endswith("plots/a.bin") for w in line.split()[:1]]
     assert hashlib.sha256((home / "plots" / "a.bin").read_bytes()).hexdigest() == digest, "the very bytes"
     assert "output(s) not found on box: never.txt" in proc.stderr, proc.stderr
+    assert f"its log and report.txt, plots are in {home}" in proc.stderr, "it says where they went: " + proc.stderr
     assert machines() == [("box", "ready")]

@@ -59,6 +59,7 @@ def test_jobs_rm_asks_first_then_removes_the_row_and_its_files(orch_home):
     done = run_orch("jobs", "rm", "gone", "--yes", check=0)
     assert "job gone removed" in done.stdout
     assert not folder.exists() and jobs_named("gone") == []
+    assert not (orch_home / "runs" / "gone-a1").is_symlink(), "no link left to the folder it removed"
     assert "no job named 'gone'" in run_orch("jobs", "rm", "gone", "--yes", check=2).stderr
     run_orch("run", "gone", "--cpu", "--wait", "--", "echo", "hi", check=0)  # the name is free again
     assert jobs_named("gone")[0]["state"] == "completed"

@@ -78,6 +78,7 @@ def occurrences(orch, name: str) -> list:
     (["--cron", "0 2 * * *", "--max-cost", "-1"], "--max-cost is a $ amount of 0 or more"),
     (["--cron", "0 2 * * *", "--overlap", "never"], "--overlap is one of skip, queue"),
     ([], "needs --cron EXPR"),
+    (["Bad_Name", "--cron", "0 2 * * *"], "invalid schedule name 'Bad_Name': use 1-22 lowercase letters"),
 ])
 def test_bad_input_is_one_line_naming_what_is_wrong_exit_2_and_nothing_stored(orch_home, tmp_path, args, says):
     task = write(tmp_path / "task.yaml", """

@@ -290,6 +290,7 @@ def test_a_scheduled_run_started_by_hand_is_watched_and_stopped_for_max_cost_wit
     run_orch("schedule", "add", "capped", "-f", task, "--cron", "0 2 * * *", "--max-cost", "0.001", check=0)
     ran = run_orch("schedule", "run", "capped", env=WATCHED, check=0)
     name = ran.stdout.split(":")[0]
+    assert ran.stderr.count("plan: ") == 1, "its plan said once, not the estimate's too: " + ran.stderr
     pid = watcher_pid(ran)
     # $0.001 at $0.5/hr is 7.2 s of machine: the watcher stops it then, not at a pass nobody makes.
     wait_for(lambda: job_state(name) in ("failed", "completed", "cancelled"), timeout=90,
@@ -326,6 +327,32 @@ def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_ho
     # Nobody looks again: the watcher sees the command end, pulls its output and ends the machine.
     wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
     assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n"
+    assert live_instances() == []
+
+
+def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs_and_log_home(orch_home, tmp_path):
+    """`orch schedule run` from a shell that no longer exports the secret (the schedule keeps it):
+    the watcher, which never held it either, left every text file on the instance and destroyed it,
+    the job `completed` with `pulled 0 new file(s)` and `orch jobs logs` had nothing to show."""
+    secret = "s3cret-" + os.urandom(6).hex()
+    task = write(tmp_path / "task.yml", """
+        name: keyed-nightly-report
+        resources: {cpu: true}
+        secrets: [KEYED_TOKEN]
+        run: echo "token $KEYED_TOKEN" && echo done > out.txt
+        outputs: [out.txt]
+        """)
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", env={"KEYED_TOKEN": secret}, check=0)
+    other = write(tmp_path / "other.yml", "name: other\nresources: {cpu: true}\nsecrets: [KEYED_TOKEN]\nrun: 'true'\n")
+    run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"KEYED_TOKEN": "0"}, check=0)  # not this run's
+    ran = run_orch("schedule", "run", "keyed-nightly-report", env=WATCHED, check=0)
+    name = ran.stdout.split(":")[0]
+    wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
+    assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n", "its output came home"
+    logs = run_orch("jobs", "logs", name, check=0).stdout
+    assert "token ***" in logs and secret not in logs, logs
+    assert f"{name}-a1" in logs, "its own text, not masked by another schedule's value: " + logs
+    assert name in run_orch("jobs", check=0).stdout.split(), "`orch jobs` shows its name whole, not folded"
     assert live_instances() == []
 
 

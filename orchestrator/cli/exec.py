@@ -73,9 +73,10 @@ def exec_(
         say(f"\norch: the command goes on on {name}: `orch logs {name} -f` follows it")
         sys.exit(130)
     code = view.get("exit_code")
-    where = _bring_home(orch, head, run, cmd)
+    where, found = _bring_home(orch, head, run, cmd)
+    what = f"its log and {', '.join(found)} are" if found else "its log is"  # where --output's files went
     say(f"orch: {name}: run r{run.id} {view['state']}" + (f", exit code {code}" if code is not None else "")
-        + (f" in {view['phase']}" if view.get("phase") and code else "") + f"; its log is in {where}; the machine "
+        + (f" in {view['phase']}" if view.get("phase") and code else "") + f"; {what} in {where}; the machine "
         "stays up")
     sys.exit(code if isinstance(code, int) and 0 <= code <= 255 else (0 if view["state"] == "completed" else 1))
 
@@ -189,18 +190,20 @@ def follow(orch, head, run, cmd) -> dict:
         time.sleep(POLL_S)
 
 
-def _bring_home(orch, head, run, cmd) -> Path:
+def _bring_home(orch, head, run, cmd) -> tuple[Path, list[str]]:
     """The run's log and status (each node's), and the task's outputs, home (verified) to
-    $ORCH_HOME/runs/NAME."""
+    $ORCH_HOME/runs/NAME; (there, the outputs found)."""
     from orchestrator import runs
     from orchestrator.jobs.kinds import CommandKind
 
     where = runs.pulled_dir(orch, head.group_name if (head.group_size or 1) > 1 else head.name)
+    found: list[str] = []
     try:
         _, where = runs.pull(orch, head, run)
         missing = CommandKind(cmd).fetch(orch, head, where)  # a group's other nodes' logs, the outputs
+        found = [o for o in cmd.outputs if o not in missing]
         if missing:
             say(f"orch: output(s) not found on {head.name}: {', '.join(missing)}")
     except OrchError as e:
         say(f"orch: warning: not everything came home from {head.name}: {e}")
-    return where
+    return where, found

@@ -248,7 +248,8 @@ def jobs_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
 
     t = Table(box=None, pad_edge=False)
     for col in ("NAME", "STATE", "ATTEMPTS", "EPOCH", "COST", "WEIGHTS / WHY"):
-        t.add_column(col, overflow="fold")
+        # a name is what the user copies into the next command: whole, the other columns fold
+        t.add_column(col, overflow="fold", no_wrap=col == "NAME")
     from orchestrator.jobs.kinds import KINDS
 
     for d in rows:

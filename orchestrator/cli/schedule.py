@@ -29,8 +29,12 @@ def check_name(name: str) -> None:
     from orchestrator import jobs
     from orchestrator.lifecycle import check_name as check
 
-    check(name)
     longest = jobs.MAX_NAME - STAMP
+    try:
+        check(name)
+    except UsageError:  # said with a schedule's own limit, not an instance's 40
+        raise UsageError(f"invalid schedule name {name!r}: use 1-{longest} lowercase letters, digits and '-', "
+                         "starting with a letter or digit (its runs are NAME-YYYYMMDD-HHMM)") from None
     if len(name) > longest:
         raise UsageError(f"a schedule's name has at most {longest} characters (its runs are NAME-YYYYMMDD-HHMM), "
                          f"not {len(name)}")

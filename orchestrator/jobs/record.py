@@ -16,6 +16,7 @@ the job's reason in ``engine.finish_job``.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -227,6 +228,10 @@ def forget(orch, name: str, ended) -> tuple[list, list[Path]]:
     held = files_of(orch.home, name)
     for d in held:
         shutil.rmtree(d)
+    # Its attempts' links (runs/NAME-aK -> NAME, made at launch) would dangle, and show in runs/.
+    for link in weights_dir(orch.home, name).parent.glob(f"{name}-a*"):
+        if link.is_symlink() and os.readlink(link) == name:
+            link.unlink()
     return rows, held
 
 
