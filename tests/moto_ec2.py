@@ -133,7 +133,7 @@ class MotoEC2:
 
     def _reset(self) -> None:
         req = urllib.request.Request(f"{self.url}/moto-api/reset", method="POST", data=b"")
-        urllib.request.urlopen(req, timeout=10).read()
+        urllib.request.urlopen(req, timeout=60).read()  # a loaded machine answers late
 
     @property
     def url(self) -> str:

@@ -81,16 +81,22 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
             raise ProviderError(f"not an orch label: {label!r}")
         provider_id = label
         root = self._dir(provider_id)
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "authorized_keys").write_text(public_key.strip() + "\n")
-        os.chmod(root / "authorized_keys", 0o600)
-        host = address(parsed[0])
-        env = {**self._instance_env(request), **self._python_env(root / "home")}
-        meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
-                "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
-        self._save(provider_id, meta)
-        self.link_mounts(provider_id, root / "home", request.mounts)  # before anything runs there
-        self._boot(provider_id, meta)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            (root / "authorized_keys").write_text(public_key.strip() + "\n")
+            os.chmod(root / "authorized_keys", 0o600)
+            host = address(parsed[0])
+            env = {**self._instance_env(request), **self._python_env(root / "home")}
+            meta = {"label": label, "host": host, "port": free_port(host), "state": "running",
+                    "instance_id": parsed[0], "env": env, "gpus": 0 if request.cpu else request.gpus}
+            self._save(provider_id, meta)
+            self.link_mounts(provider_id, root / "home", request.mounts)  # before anything runs there
+            self._boot(provider_id, meta)
+        except BaseException:
+            # All or nothing, as a cloud's create is: a Ctrl-C or a failure half-way (a folder without
+            # its meta.json, which no listing shows) leaves no folder and no sshd behind.
+            self.destroy(provider_id)
+            raise
         return self.get(provider_id)
 
     def get(self, provider_id: str) -> Remote:
