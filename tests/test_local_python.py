@@ -62,3 +62,26 @@ def test_a_tasks_pip_install_goes_to_its_instance_never_into_orchs_environment(o
         if controller_has(name):
             subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", name], check=False)
     assert live_instances() == []
+
+
+def test_a_create_interrupted_while_it_makes_the_instances_python_leaves_nothing(orch_home, monkeypatch):
+    """Ctrl-C while the local provider makes an instance's Python (before its meta.json, which every
+    listing reads) left a folder that no listing showed and no destroy by label found: a create is
+    all or nothing, as a cloud's is."""
+    import pytest
+
+    from orchestrator import config
+    from orchestrator.ledger import new_id
+    from orchestrator.provider import Request, label_for
+    from providers.local import LocalProvider
+    from providers.local import python as instance_python
+
+    def interrupted(home):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(instance_python, "make", interrupted)
+    local = LocalProvider({}, orch_home)
+    label = label_for(new_id(), "reflex")
+    with pytest.raises(KeyboardInterrupt):
+        local.create(Request(name="reflex", cpu=True), label, config.ssh_key()[1])
+    assert not (orch_home / "local" / label).exists() and local.find(label) is None
