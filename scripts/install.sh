@@ -176,8 +176,8 @@ main() {
     install_torch .venv/bin/python
   fi
   if [ $test_deps = 1 ]; then install_orch .venv/bin/python -e '.[all]'; else install_orch .venv/bin/python -e '.[local]'; fi
-  # Beam's SDK for the `orch export beam` tests: beta9 pins paramiko<4 and watchdog<5 that runpod 1.11 cannot
-  # share (see pyproject's beam extra), yet loads and decorates with the newer ones: installed without its pins.
+  # Beam's SDK for the `orch export beam` tests: beta9 pins paramiko<4 and watchdog<5, older than what the rest
+  # resolves to (see pyproject's beam extra), yet loads and decorates with the newer ones: installed without its pins.
   if [ $test_deps = 1 ]; then
     local pip=".venv/bin/python -m pip --disable-pip-version-check -q"
     $pip install --no-deps 'beam-client==0.2.233' 'beta9==0.1.291'  # pinned: installed without their own pins

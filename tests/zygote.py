@@ -42,7 +42,7 @@ PRELOAD = ("migrations", "fabric", "paramiko", "invoke", "typer", "rich.console"
            "alembic.runtime.migration", "pydantic", "tenacity", "pluggy", "typer.main", "typer.core", "typer.rich_utils",
            "typer._adapters", "typer._click.decorators", "rich._emoji_codes",
            "requests", "urllib3", "http.client", "http.server", "email.message", "encodings.idna",
-           "concurrent.futures", "providers.runpod.api:_sdk", "vastai", "boto3", "aiohttp", "psutil", "dateutil.parser",
+           "concurrent.futures", "vastai", "boto3", "aiohttp", "psutil", "dateutil.parser",
            "packaging.version", "tomlkit", "tqdm")
 
 
