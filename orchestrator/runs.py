@@ -168,8 +168,11 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
     # What the run printed may show a secret its command got: hidden in every text file that comes
     # home, and where this process does not hold one (a scheduled reaper), no text file comes.
     hide, missing = held_secrets(run_secrets(run))
-    if missing:  # a schedule's run: its secrets are the schedule's, at home, not this process's (a watcher's)
-        hide, missing = held_secrets(run_secrets(run), {**_schedule_secrets(orch, inst), **os.environ})
+    stored = _schedule_secrets(orch, inst)
+    if stored:  # a schedule's run got the schedule's values, stored at home: hidden even where this
+        # process (a watcher) holds a variable of that name with another value, as a shell's export
+        values, missing = held_secrets(run_secrets(run), {**os.environ, **stored})
+        hide += [v for v in values if v not in hide]
     with orch.connect(inst) as c:
         if view is None:
             view = digest(orch, run, train.status(c, run.run_dir, run.pid))
@@ -194,13 +197,12 @@ def _schedule_secrets(orch, inst) -> dict[str, str]:
     alone, so another schedule's short value ("1") does not mask every digit of this run's text."""
     from sqlmodel import select
 
-    from orchestrator import ledger_schedules, schedule_secrets
+    from orchestrator import schedule_secrets
     from orchestrator.ledger import Attempt
 
     with orch.ledger.session(write=False) as s:
         ids = list(s.exec(select(Attempt.job_id).where(Attempt.instance_id == inst.id)))
-    name = next(iter(ledger_schedules.of_jobs(orch.ledger, ids).values()), None)
-    return schedule_secrets.read(orch.home, name)[0] if name else {}
+    return (schedule_secrets.of_jobs(orch.ledger, orch.home, ids) or {}) if ids else {}
 
 
 def run_bounds(run):

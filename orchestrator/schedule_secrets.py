@@ -62,6 +62,15 @@ def write(home: Path, name: str, values: dict[str, str]) -> Path | None:
     return where
 
 
+def of_jobs(ledger, home: Path, job_ids) -> dict[str, str] | None:
+    """The secrets stored for the schedule whose run is one of ``job_ids`` (a job, or the jobs an
+    instance served); None where none is a schedule's run."""
+    from orchestrator import ledger_schedules
+
+    name = next(iter(ledger_schedules.of_jobs(ledger, list(job_ids)).values()), None)
+    return read(home, name)[0] if name else None
+
+
 def every_value(home: Path) -> dict[str, set[str]]:
     """Each name -> the values stored for it by any schedule: what a reaper pass hides in the text
     of the runs it looks after (``task.hide_too``), never what it sends."""

@@ -330,10 +330,14 @@ def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_ho
     assert live_instances() == []
 
 
-def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs_and_log_home(orch_home, tmp_path):
+@pytest.mark.parametrize("shell_value", [None, "another-value-in-the-shell"])
+def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs_and_log_home(orch_home, tmp_path,
+                                                                                             shell_value):
     """`orch schedule run` from a shell that no longer exports the secret (the schedule keeps it):
     the watcher, which never held it either, left every text file on the instance and destroyed it,
-    the job `completed` with `pulled 0 new file(s)` and `orch jobs logs` had nothing to show."""
+    the job `completed` with `pulled 0 new file(s)` and `orch jobs logs` had nothing to show. From a
+    shell that exports another value under that name, the watcher hid that value and the schedule's,
+    which the run got, came home in clear."""
     secret = "s3cret-" + os.urandom(6).hex()
     task = write(tmp_path / "task.yml", """
         name: keyed-nightly-report
@@ -345,7 +349,8 @@ def test_a_scheduled_run_with_a_secret_watched_by_the_watcher_brings_its_outputs
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", env={"KEYED_TOKEN": secret}, check=0)
     other = write(tmp_path / "other.yml", "name: other\nresources: {cpu: true}\nsecrets: [KEYED_TOKEN]\nrun: 'true'\n")
     run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"KEYED_TOKEN": "0"}, check=0)  # not this run's
-    ran = run_orch("schedule", "run", "keyed-nightly-report", env=WATCHED, check=0)
+    shell = {"KEYED_TOKEN": shell_value} if shell_value else {}
+    ran = run_orch("schedule", "run", "keyed-nightly-report", env={**WATCHED, **shell}, check=0)
     name = ran.stdout.split(":")[0]
     wait_for(lambda: job_state(name) == "completed", timeout=60, what="the watcher to complete the run")
     assert (orch_home / "runs" / name / "out.txt").read_text() == "done\n", "its output came home"

@@ -59,17 +59,14 @@ def secret_source(orch, job):
     (the keys it rents with); any other job, this process's environment."""
     import os
 
-    from orchestrator import ledger_schedules, schedule_secrets
+    from orchestrator import schedule_secrets
     from orchestrator.jobs.handed import handed
 
     given = handed(job)  # its submission's (a schedule's run, at its first launch)
     if given is not None:
         return given
-    if job is not None:
-        schedule = ledger_schedules.of_jobs(orch.ledger, [job.id]).get(job.id)
-        if schedule is not None:
-            return schedule_secrets.read(orch.home, schedule)[0]
-    return os.environ
+    stored = schedule_secrets.of_jobs(orch.ledger, orch.home, [job.id]) if job is not None else None
+    return stored if stored is not None else os.environ
 
 
 def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept: frozenset = frozenset(),
