@@ -36,6 +36,7 @@ def launch(orch, nodes: list, spec, notes: list | None = None) -> Any:
     from orchestrator import groups, training, volume_mounts
     from orchestrator.kill_points import kill_point
     from playbooks import host, train
+    from playbooks import runs as run_tasks
 
     size = len(nodes)
     head = nodes[0]
@@ -66,7 +67,7 @@ def launch(orch, nodes: list, spec, notes: list | None = None) -> Any:
     staged = [s for s, _ in outcomes]
     with orch.connect(head) as c:
         master = head.private_ip or head.ssh_host
-        port = train.free_port(c, master)
+        port = run_tasks.free_port(c, master)
     def start(rank: int) -> int:
         node, s = nodes[rank], staged[rank]
         keys = training.train_keys(spec, s["data_yaml"], s["project"], s["name"], per_node, node.cpu_only)

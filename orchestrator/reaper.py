@@ -52,11 +52,12 @@ class _NoWrites:
 def look(orch, inst, run, writes: bool = True) -> tuple[Observed, dict]:
     """One SSH connection: the watchdog's probe (activity, its state file) and the run's status."""
     from orchestrator import runs
-    from playbooks import host, train
+    from playbooks import host
+    from playbooks import runs as run_tasks
 
     with orch.connect(inst) as c:
         probe = host.script(c, "watchdog.py", "probe", host.workdir(c))
-        raw = train.status(c, run.run_dir, run.pid) if run is not None and run.run_dir else None
+        raw = run_tasks.status(c, run.run_dir, run.pid) if run is not None and run.run_dir else None
     view = runs.digest(orch if writes else _NoWrites, run, raw) if raw is not None else None
     run_state = view["state"] if view else (run.state if run else None)
     ended = None

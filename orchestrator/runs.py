@@ -34,10 +34,10 @@ def pulled_dir(orch, name: str, dest: Path | None = None) -> Path:
 
 def read(orch, inst, run) -> dict:
     """The run as the user wants to see it, from status.json and the process; updates the ledger."""
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     with orch.connect(inst) as c:
-        raw = train.status(c, run.run_dir, run.pid)
+        raw = run_tasks.status(c, run.run_dir, run.pid)
     return digest(orch, run, raw)
 
 
@@ -163,7 +163,7 @@ def run_secrets(run) -> list[str]:
 def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: bool):
     from orchestrator.task import held_secrets
     from playbooks import pull as pulling
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     # What the run printed may show a secret its command got: hidden in every text file that comes
     # home, and where this process does not hold one (a scheduled reaper), no text file comes.
@@ -175,7 +175,7 @@ def _pull(orch, inst, run, target: Path, view: dict | None, only_milestones: boo
         hide += [v for v in values if v not in hide]
     with orch.connect(inst) as c:
         if view is None:
-            view = digest(orch, run, train.status(c, run.run_dir, run.pid))
+            view = digest(orch, run, run_tasks.status(c, run.run_dir, run.pid))
         files = [f for f in view["files"] if not only_milestones or pulling.MILESTONE.fullmatch(f.rel)]
         left = []
         if missing and any(not f.rel.endswith(".pt") for f in files):
@@ -257,7 +257,7 @@ def stop(orch, nodes: list) -> list[str]:
     """End the training on every node that still answers (a lost node leaves the others waiting on
     the process group for hours: nobody but orch ends them); returns why for those it could not."""
     from orchestrator import states
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     def end(node) -> None:
         node = orch.ledger.get(node.id)
@@ -265,7 +265,7 @@ def stop(orch, nodes: list) -> list[str]:
         if node.state != states.READY or run is None or not run.pid:
             return
         with orch.connect(node) as c:
-            train.stop_training(c, run.pid)
+            run_tasks.stop(c, run.pid)
 
     return [f"{node.name}: {_why(e)}" for node, (_, e) in zip(nodes, par.each(end, nodes, len(nodes)))
             if e is not None]

@@ -1,4 +1,5 @@
-"""Fabric tasks for a training run: stage the data, start LibreYOLO detached, read its state, pull.
+"""Fabric tasks for a LibreYOLO training: stage the data, start it detached, its monitor. A run's
+status, log, rendezvous port and end are every kind's (``runs``).
 
 On the instance everything lives under the work dir (``playbooks.host.workdir``): on the volume
 where the provider has one, so the data and the runs survive a stop.
@@ -116,38 +117,6 @@ def start(c, spec: dict, env: dict[str, str], launcher: list[str] | None = None)
                        env={"HF_HOME": f"{work}/hf", **env})
 
 
-@task
-def free_port(c, address: str) -> int:
-    """A TCP port free on the instance at ``address`` now (where a rendezvous will listen)."""
-    code = ("import socket,sys; s=socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])")
-    out = remote.run(c, f"{shlex.quote(host.python(c))} -c {shlex.quote(code)} {shlex.quote(address)}").strip()
-    port = out.splitlines()[-1] if out else ""
-    if not port.isdigit() or not 1024 <= int(port) <= 65535:
-        raise OrchError(f"the instance named no free port at {address} (it printed {out[-40:]!r})")
-    return int(port)
-
-
-@task
-def stop_training(c, pid: int | None, timeout: float = 20) -> None:
-    """End a training: the launcher, its session (``setsid`` gave it one) and its children (torchrun
-    starts each worker in a session of its own): TERM, then KILL after ``timeout`` seconds."""
-    if not pid:
-        return
-    p = int(pid)
-    kids = f"$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$4 == {p} {{print $1}}')"  # no pkill needed
-    remote.run(c, f"k={kids}; kill -TERM -- -{p} 2>/dev/null; kill -TERM {p} $k 2>/dev/null; "
-                  f"for i in $(seq {int(timeout * 5)}); do kill -0 {p} $k 2>/dev/null || exit 0; sleep 0.2; done; "
-                  f"kill -KILL -- -{p} 2>/dev/null; kill -KILL {p} $k 2>/dev/null; true", check=False)
-
-
-@task
-def status(c, run_dir: str, pid: int | None) -> dict:
-    return host.script(c, "run_status.py", run_dir, str(pid or ""))
-
-
-@task
-def tail_log(c, lines: int = 50) -> str:
-    return remote.run(c, f"tail -n {int(lines)} {shlex.quote(host.workdir(c) + '/train.log')} 2>/dev/null", check=False)
 
 
 @task

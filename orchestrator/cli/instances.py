@@ -463,7 +463,8 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     import shlex
 
     from orchestrator.lifecycle import check_name
-    from playbooks import host, train
+    from playbooks import host
+    from playbooks import runs as run_tasks
 
     check_name(name)
     if not 1 <= lines <= 100_000:
@@ -490,7 +491,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     with orch.connect(inst) as c:
         log = host.workdir(c) + "/train.log"
         if not follow:
-            sys.stdout.write(_printable(train.tail_log(c, lines), hide))
+            sys.stdout.write(_printable(run_tasks.tail_log(c, lines), hide))
             return
         # tail -F ends with the connection; Ctrl-C leaves the training untouched.
         c.run(f"tail -n {int(lines)} -F {shlex.quote(log)}", hide=False, warn=True, pty=False,

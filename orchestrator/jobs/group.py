@@ -46,7 +46,7 @@ def lost_node(orch, head, bound_minutes: float, kind) -> tuple[str, object] | No
     """Why the group of ``head`` is lost through one of its other nodes, and that node; or None. A
     node the provider did not answer for is looked at again next time (nothing is known). ``kind``
     (the job's ``JobKind``) says what a node's ended work means."""
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     if not groups.is_group(head):
         return None
@@ -66,8 +66,8 @@ def lost_node(orch, head, bound_minutes: float, kind) -> tuple[str, object] | No
             return f"node {node.node_rank} ({node.name}) has no training", node
         try:
             with orch.connect(node) as c:
-                raw = train.status(c, run.run_dir, run.pid)
-                tail = "" if raw.get("alive") else train.tail_log(c, 60)
+                raw = run_tasks.status(c, run.run_dir, run.pid)
+                tail = "" if raw.get("alive") else run_tasks.tail_log(c, 60)
         except SSHError as e:
             since = orch.ledger.recall(node.id, "unreachable_since")
             now = datetime.now(timezone.utc)

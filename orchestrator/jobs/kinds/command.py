@@ -85,7 +85,8 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
     from orchestrator import parallel as par
     from orchestrator import remote, task, volume_mounts
     from orchestrator.kill_points import kill_point
-    from playbooks import command, host, train
+    from playbooks import command, host
+    from playbooks import runs as run_tasks
 
     credentials.stored(cmd.secrets, allowed, "the job's command")  # a row from a shared ledger too
     secrets = task.secret_values(cmd.secrets, environ)  # refused before anything is written
@@ -118,7 +119,7 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
                  + (" on every node" if size > 1 else ""))
     ips = [s["ip"] for s in staged]
     with orch.connect(head) as c:
-        port = train.free_port(c, ips[0]) if size > 1 else train.free_port(c, "127.0.0.1")
+        port = run_tasks.free_port(c, ips[0]) if size > 1 else run_tasks.free_port(c, "127.0.0.1")
     gpus = 0 if head.cpu_only else (head.gpus or 1)
     runs: list = [None] * size
     who = _who(job, head, size)
@@ -192,10 +193,10 @@ def read(orch, inst, run) -> dict:
     On a group, every node's command counts: the job completes when each exited 0, and fails on the
     first node (lowest rank) that exited otherwise, named with its rank and its log's last lines."""
     from orchestrator import groups, runs
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     with orch.connect(inst) as c:
-        raw = train.status(c, run.run_dir, run.pid)
+        raw = run_tasks.status(c, run.run_dir, run.pid)
     view = runs.digest(orch, run, raw)
     _exit_of(orch, run, raw, view)
     if not groups.is_group(inst) or view["exit_code"] not in (0, None):
@@ -224,7 +225,7 @@ def _other_nodes(orch, head) -> dict:
     (``jobs.group.lost_node``)."""
     from orchestrator import groups, states
     from orchestrator.errors import SSHError
-    from playbooks import train
+    from playbooks import runs as run_tasks
 
     running, failed = False, None
     for node in groups.members(orch.ledger, head):
@@ -236,10 +237,10 @@ def _other_nodes(orch, head) -> dict:
             continue
         try:
             with orch.connect(node) as c:
-                raw = train.status(c, run.run_dir, run.pid)
+                raw = run_tasks.status(c, run.run_dir, run.pid)
                 view: dict = {}
                 _exit_of(orch, run, raw, view)
-                tail = train.tail_log(c, 40) if view["exit_code"] not in (0, None) else ""
+                tail = run_tasks.tail_log(c, 40) if view["exit_code"] not in (0, None) else ""
         except SSHError:
             running = True
             continue
