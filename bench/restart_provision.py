@@ -80,7 +80,7 @@ def main() -> None:
             constraints = scratch / "constraints.txt"
             constraints.write_text(f"torch=={torch.__version__.split('+')[0]}\n")
             reinstall = timed([*pip, "install", "libreyolo", "-c", str(constraints)])
-        probe = min(timed([str(py), str(PROBE), "cpu"]) for _ in range(3))
+        probe = min(timed([str(py), str(PROBE), "cpu", "libreyolo"]) for _ in range(3))
         print("after a restart that wiped the container disk, on this machine (local package mirror):")
         print(f"  venv on the volume (orch): probe only           {probe:6.1f} s")
         print(f"  image Python: reinstall LibreYOLO, then probe    {reinstall + probe:6.1f} s "

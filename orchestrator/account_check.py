@@ -143,7 +143,7 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         holder["name"] = request.name
         # Destroyed by its watchdog (or the reaper) after 5 idle minutes should this check die midway.
         policy = Policy(idle_minutes=5, on_idle="destroy").to_json()
-        inst = orch.up(request.name, provider.name, request, ssh_timeout=remaining(), policy=policy, prepare=False)
+        inst = orch.up(request.name, provider.name, request, ssh_timeout=remaining(), policy=policy, prepare=None)
         holder["inst"] = inst
         report.instance = inst.name
         return f"{inst.provider_id} at {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port}, ${inst.price_hr:.4f}/hr"

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Callable
 
 from orchestrator import claims, states
+from orchestrator.provisioning import MACHINE, Provisioning
 from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.ledger import Instance, new_id
@@ -138,10 +139,11 @@ def refuse_alone(inst: Instance, verb: str) -> None:
 # -- up and down ---------------------------------------------------------------------------------
 def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, policy: str | None = None,
        ssh_timeout: float | None = None, launch: Callable[[list[Instance]], None] | None = None,
-       prepare: bool = True) -> list[Instance]:
+       prepare: Provisioning | None = MACHINE) -> list[Instance]:
     """Rent ``nodes`` instances as group ``name``, all at once, all or nothing; then ``launch`` on
     them (rank order). Whatever fails destroys every node; the error says which node and why.
-    ``prepare`` False: reached over SSH only (a command group: its setup is its own)."""
+    ``prepare``: what makes each node ready once SSH answers (``Orch.up``'s; None: reached over SSH
+    only, a command group's setup is its own)."""
     from orchestrator.lifecycle import check_request
 
     check_nodes(nodes)
@@ -186,7 +188,8 @@ def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, pol
         return [orch.ledger.get(i.id) for i in ready]
 
 
-def _create(orch, provider, rows: list[Instance], requests: list[Request], prepare: bool) -> list[Instance]:
+def _create(orch, provider, rows: list[Instance], requests: list[Request],
+            prepare: Provisioning | None) -> list[Instance]:
     """Every node made in one call (``RentsGroups.create_nodes``: EC2's MinCount=MaxCount; Lambda's
     one launch per node), each row then ``provisioning``; a failure after which the provider may have made some
     is settled by ``_destroy_group`` (each label looked up)."""
@@ -283,7 +286,7 @@ def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_t
 
 
 def replace_node(orch, lost: Instance, request: Request, *, policy: str | None = None,
-                 ssh_timeout: float | None = None, prepare: bool = True,
+                 ssh_timeout: float | None = None, prepare: Provisioning | None = MACHINE,
                  halted: Callable[[], str | None] | None = None) -> Instance:
     """One node rented in place of ``lost`` (destroyed first, if it is not gone yet): the same
     group, rank and name, so its siblings keep theirs. ``request`` is the group's (same offer: the

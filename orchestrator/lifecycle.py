@@ -17,6 +17,7 @@ from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderE
 from orchestrator.instance_ops import InstanceOps
 from orchestrator.kill_points import kill_point
 from orchestrator.provider import Provider, Remote, Request, Status, Stoppable, can_stop
+from orchestrator.provisioning import MACHINE, Provisioning, recalled, remembered
 from orchestrator.text import why as _why
 
 if TYPE_CHECKING:  # SQLAlchemy and SQLModel load with the ledger, when it is opened (0.3 s)
@@ -119,10 +120,10 @@ class Orch(InstanceOps):
     @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
            policy: str | None = None, after_verify: Callable[[Instance], None] | None = None,
-           prepare: bool = True, group: dict | None = None,
+           prepare: Provisioning | None = MACHINE, group: dict | None = None,
            halted: Callable[[], str | None] | None = None) -> Instance:
-        """Rent, wait for SSH, provision and verify (unless ``prepare`` is False: reached over SSH
-        only, as ``orch check`` wants), arm the watchdog. What fails after the create destroys.
+        """Rent, wait for SSH, provision as ``prepare`` says and verify (None: reached over SSH only,
+        as ``orch check`` and a command job want), arm the watchdog. What fails after the create destroys.
         ``group``: the node's group fields on its row (a replacement node, ``groups.replace``);
         ``halted``: why the bring-up is called off (``bring_up``), asked before anything is rented too."""
         check_request(name, request)
@@ -160,15 +161,17 @@ class Orch(InstanceOps):
             volume_mounts.record(self, inst, request.mounts)
         return inst
 
-    def created(self, inst: Instance, provider: Provider, remote: Remote, prepare: bool = True) -> Instance:
-        """The provider made it: its id and prices on the row (``provisioning``)."""
+    def created(self, inst: Instance, provider: Provider, remote: Remote,
+                prepare: Provisioning | None = MACHINE) -> Instance:
+        """The provider made it: its id and prices on the row (``provisioning``), and what makes it
+        ready once SSH answers remembered there (``_prepare`` runs it, after every start too)."""
         price, stopped = provider.prices(remote)
         inst = self.move(inst, states.PROVISIONING, f"created {remote.provider_id}",
                          provider_id=remote.provider_id, price_hr=price, stopped_price_hr=stopped,
                          gpu_name=remote.gpu_name)
         kill_point("after-create")
-        if not prepare:
-            self.ledger.remember(inst.id, prepare=False)
+        if prepare != MACHINE:
+            self.ledger.remember(inst.id, prepare=remembered(prepare))
         return inst
 
     def bring_up(self, inst: Instance, provider: Provider, ssh_timeout: float | None = None,
@@ -204,13 +207,15 @@ class Orch(InstanceOps):
     def _prepare(self, inst: Instance, started: bool = False, rekey: bool = False,
                  after_verify: Callable[[Instance], None] | None = None,
                  halted: Callable[[], None] | None = None) -> Instance:
-        """Provision (idempotent), prove the device with a matmul, record ready, arm the watchdog
-        (after a start: learn first what the last watchdog did, its state file survives a stop)."""
+        """Provision as the row remembers (idempotent; ``orchestrator.provisioning``), prove the device
+        with a matmul, record ready, arm the watchdog (after a start: learn first what the last
+        watchdog did, its state file survives a stop)."""
         from orchestrator import volume_mounts, watchdog
         from playbooks.provision import provision, verify
 
         volume_mounts.make_ready(self, inst)  # every volume at its path before anything runs there
-        if self.ledger.recall(inst.id, "prepare") is False:
+        steps = recalled(self.ledger.recall(inst.id, "prepare"))
+        if steps is None:
             from orchestrator import remote
 
             with self.connect(inst, rekey=rekey) as c:
@@ -221,9 +226,9 @@ class Orch(InstanceOps):
                 after_verify(inst)
             (watchdog.rearm if started else watchdog.arm)(self, inst)
             return inst
-        self.say("[3/4] provisioning (torch for the device, then LibreYOLO)")
+        self.say(f"[3/4] provisioning ({steps.says})")
         with self.connect(inst, rekey=rekey) as c:
-            facts = provision(c, gpu=not inst.cpu_only, log=lambda m: self.say(f"      {m}"))
+            facts = provision(c, gpu=not inst.cpu_only, log=lambda m: self.say(f"      {m}"), steps=steps)
             kill_point("provisioned")
             if halted:
                 halted()

@@ -1,4 +1,5 @@
-"""Fabric tasks that make an instance ready to train: the right torch first, then LibreYOLO.
+"""Fabric tasks that make an instance ready as its provisioning says (``orchestrator.provisioning``:
+a job kind's): the right torch for the device first, then the provisioning's packages over it.
 
 Idempotent, and run again after every start: on RunPod a stop wipes the container disk (only the
 volume at ``/workspace`` survives), so whatever orch installed outside the volume must be found
@@ -6,8 +7,8 @@ missing and installed again, and whatever lives on the volume reused.
 
 Which Python: the one recorded in the work dir by an earlier provisioning, if it still works; else
 the first of ``$ORCH_PYTHON`` (the local provider points it at the controller's own),
-``/opt/pytorch/bin/python`` (AWS's Deep Learning AMIs), ``python3`` and ``python``. When that Python has a torch that works for the device and LibreYOLO, nothing is
-installed. Otherwise orch installs into a virtual environment in the work dir, which is on the
+``/opt/pytorch/bin/python`` (AWS's Deep Learning AMIs), ``python3`` and ``python``. When that Python has a torch that works for the device and every
+package, nothing is installed. Otherwise orch installs into a virtual environment in the work dir, which is on the
 volume where the provider has one, made with ``--system-site-packages`` so that the image's own
 torch is used when it works: after a restart nothing needs installing again (measured in
 bench/restart_provision.py). Where no venv can be made (no ``venv`` module in the image), orch
@@ -22,11 +23,13 @@ from fabric import task
 
 from orchestrator import remote
 from orchestrator.errors import OrchError, VerifyFailed
+from orchestrator.provisioning import MACHINE, Provisioning
 from playbooks import host
 
 # PyTorch publishes one wheel index per CUDA minor; the driver runs any build up to its own version.
 CUDA_INDEXES = ["13.0", "12.9", "12.8", "12.6", "12.4", "12.1", "11.8"]
 TORCH_INDEX = "https://download.pytorch.org/whl/"
+# The marker as first written (an instance provisioned before finds its block by it, whatever it installed).
 BASHRC_MARK = "# >>> orch: the Python that has torch and LibreYOLO (written by orch at every provisioning) >>>"
 
 
@@ -49,8 +52,8 @@ def base_python(c) -> str:
     return python
 
 
-def probe(c, python: str, gpu: bool) -> dict:
-    return host.script(c, "probe.py", "gpu" if gpu else "cpu", python_path=python)
+def probe(c, python: str, gpu: bool, packages: tuple[str, ...] = ()) -> dict:
+    return host.script(c, "probe.py", "gpu" if gpu else "cpu", *packages, python_path=python)
 
 
 def cuda_index(driver_cuda: str | None) -> str:
@@ -64,40 +67,47 @@ def cuda_index(driver_cuda: str | None) -> str:
     raise OrchError(f"the driver's CUDA {driver_cuda} is older than any PyTorch build (11.8)")
 
 
+def _missing(facts: dict, packages: tuple[str, ...]) -> list[str]:
+    """The packages that do not import in the probed Python."""
+    return [p for p in packages if not facts["packages"].get(p)]
+
+
 def _works(facts: dict, gpu: bool) -> bool:
     return bool(facts["torch"]) and not facts["error"] and (facts["cuda_ok"] or not gpu)
 
 
 @task
-def provision(c, gpu: bool = False, log=print) -> dict:
-    """Make sure the instance has a torch that works for the request, then LibreYOLO."""
+def provision(c, gpu: bool = False, log=print, steps: Provisioning = MACHINE) -> dict:
+    """Make sure the instance has a torch that works for the request, then ``steps.packages``."""
+    packages = steps.packages
     python = base_python(c)
-    facts = probe(c, python, gpu)
+    facts = probe(c, python, gpu, packages)
     if gpu and not _works(facts, gpu) and not facts["gpus"]:
         raise VerifyFailed("a GPU was requested but the instance has no working NVIDIA GPU "
                            "(nvidia-smi shows no GPU or driver)")
     installed = []
-    if not (_works(facts, gpu) and facts["libreyolo"]):
+    if not (_works(facts, gpu) and not _missing(facts, packages)):
         python = _environment(c, python, log)
-        facts = probe(c, python, gpu)
+        facts = probe(c, python, gpu, packages)
     if not _works(facts, gpu):
         index = cuda_index(facts["driver_cuda"]) if gpu else TORCH_INDEX + "cpu"
         log(f"installing torch from {index}")
         _pip(c, python, f"install --upgrade torch torchvision --index-url {index}")
         installed.append("torch")
-        facts = probe(c, python, gpu)
+        facts = probe(c, python, gpu, packages)
         if not _works(facts, gpu):
             raise OrchError(f"torch does not work after installing it: {facts['error'] or 'CUDA kernel failed'}")
-    if not facts["libreyolo"]:
+    missing = _missing(facts, packages)
+    if missing:
         # Hold torch where it is: unconstrained, pip would swap in its own (CPU-only or other CUDA) build.
         pins = f"torch=={facts['torch']}\n" + (f"torchvision=={facts['torchvision']}\n" if facts["torchvision"] else "")
         constraints = remote.put_text(c, pins, f"{host.workdir(c)}/constraints.txt", 0o644)
-        log("installing libreyolo (torch held by a constraint)")
-        _pip(c, python, f"install libreyolo -c {_q(constraints)}")
-        installed.append("libreyolo")
-        facts = probe(c, python, gpu)
-        if not facts["libreyolo"]:
-            raise OrchError(f"libreyolo does not import after installing it: {facts.get('libreyolo_error')}")
+        log(f"installing {' '.join(missing)} (torch held by a constraint)")
+        _pip(c, python, f"install {' '.join(_q(p) for p in missing)} -c {_q(constraints)}")
+        installed.extend(missing)
+        facts = probe(c, python, gpu, packages)
+        for name in _missing(facts, packages):
+            raise OrchError(f"{name} does not import after installing it: {facts['package_errors'].get(name)}")
     host.record_python(c, python)
     if python.startswith(host.workdir(c) + "/venv/"):
         _sessions_use(c, python.rsplit("/", 1)[0])

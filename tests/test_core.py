@@ -98,9 +98,46 @@ def test_provision_twice_installs_nothing_and_verify_runs_on_cpu(orch_home):
         second = provision(c, gpu=False)
         proof = verify(c, gpu=False)
     assert second["installed"] == [] and first["torch"] == second["torch"]
-    assert second["libreyolo"] and second["python"]
+    assert second["packages"]["libreyolo"] and second["python"]
     assert proof["device"].startswith("cpu") and proof["result"] > 0
     orch.down(inst)
+
+
+@needs_torch
+def test_the_provisioning_a_kind_asks_for_is_run_once_ssh_answers_and_again_after_a_start(orch_home):
+    """The lifecycle runs what the job kind said (``JobKind.provisioning``), not "LibreYOLO or
+    nothing": its packages over torch, the matmul proof, and the same again after a start, because
+    the row remembers it (a stop can wipe what was installed)."""
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+    from orchestrator.provisioning import Provisioning
+
+    lines: list[str] = []
+    orch = Orch.open(say=lines.append)
+    steps = Provisioning(packages=("tenacity",), says="torch for the device, then tenacity")  # in the instance's Python
+    inst = orch.up("kindbox", "local", Request(name="kindbox", cpu=True), prepare=steps)
+    assert inst.state == states.READY and "matmul sum" in inst.device
+    assert "[3/4] provisioning (torch for the device, then tenacity)" in lines, lines
+    assert "[4/4] verifying: a 2000x2000 matmul on the device" in lines
+    lines.clear()
+    orch.stop(inst)
+    inst = orch.start(orch.ledger.get(inst.id))
+    assert inst.state == states.READY and "[3/4] provisioning (torch for the device, then tenacity)" in lines, lines
+    orch.down(inst)
+
+
+@pytest.mark.parametrize("memory", [{"packages": ["--index-url=http://x", "libreyolo"], "says": "x"},
+                                    {"packages": ["libreyolo"], "says": "x", "pip": "-e /tmp/x"},
+                                    {"packages": "libreyolo", "says": "x"}, "libreyolo"])
+def test_a_provisioning_a_row_remembers_is_held_to_what_orch_writes(memory):
+    """A row's memory is input (a shared ledger): what it says to install is an import name or refused,
+    never a pip option, a path or a URL."""
+    from orchestrator.errors import OrchError
+    from orchestrator.provisioning import MACHINE, recalled, remembered
+
+    with pytest.raises(OrchError):
+        recalled(memory)
+    assert recalled(remembered(MACHINE)) == MACHINE and recalled(remembered(None)) is None
 
 
 def _probe(tmp, **env):
@@ -109,7 +146,7 @@ def _probe(tmp, **env):
 
     from playbooks.host import ON_INSTANCE
 
-    done = subprocess.run([sys.executable, "-X", "importtime", str(ON_INSTANCE / "probe.py"), "cpu"], capture_output=True,
+    done = subprocess.run([sys.executable, "-X", "importtime", str(ON_INSTANCE / "probe.py"), "cpu", "libreyolo"], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", **env})
     line = next(ln for ln in reversed(done.stdout.splitlines()) if ln.startswith("ORCH_RESULT "))
     imported = {ln.rsplit("|", 1)[-1].strip() for ln in done.stderr.splitlines() if ln.startswith("import time:")}
@@ -129,7 +166,7 @@ def test_a_proof_holds_for_its_boot_and_is_made_anew_where_it_cannot_be_trusted(
     again, imported = _probe(tmp_path)
     assert not imported, "the second probe of the boot imported torch"
     assert again["proof"]["result"] == first["proof"]["result"] and again["torch"] == first["torch"]
-    assert abs(again["proof"]["proved_at"] - time.time()) < 300 and again["libreyolo"] == first["libreyolo"]
+    assert abs(again["proof"]["proved_at"] - time.time()) < 300 and again["packages"] == first["packages"]
 
     fresh, imported = _probe(tmp_path, ORCH_FRESH_PROOF="1")
     assert imported and "proved_at" not in fresh["proof"]

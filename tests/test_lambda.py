@@ -380,7 +380,7 @@ def test_an_instance_unhealthy_for_a_few_reads_becomes_ready(lam, orch_home):
                                     "destroy_timeout": 20, "launch_interval": 0, "unhealthy_grace": 30})
     fake.boot_unhealthy_reads = 3
     orch = open_orch()
-    inst = orch.up("sick1", "lambda", Request(name="sick1", gpu="A10"), ssh_timeout=60, prepare=False)
+    inst = orch.up("sick1", "lambda", Request(name="sick1", gpu="A10"), ssh_timeout=60, prepare=None)
     assert inst.state == states.READY
     assert fake.calls("POST", r"/restart$") == [] and fake.calls("POST", r"/terminate$") == []
     orch.down(inst)

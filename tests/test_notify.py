@@ -135,7 +135,7 @@ def test_a_spot_instance_outbid_is_posted_as_preempted(orch_home, tmp_path, monk
             f.write(f'[notify]\nwebhook_url = "{hook.url}"\nevents = ["preempted"]\n')
         config._load.cache_clear()
         inst = open_orch().up("spot1", "vastai", Request(name="spot1", gpu="RTX 4090", spot=True), ssh_timeout=60,
-                              prepare=False)
+                              prepare=None)
         assert hook.posts == []
         fake.outbid(inst.provider_id)
         status = run_orch("status", "spot1", "--json", env=env, check=0)

@@ -75,7 +75,7 @@ def test_gpu_pod_restart_keeps_the_run_directory_on_its_volume(orch_home, runpod
     survives. (Reached over SSH only: the fake's pods have no GPU to provision and verify.)"""
     fake, env = runpod
     orch = open_orch()
-    inst = orch.up("g1", "runpod", Request(name="g1", gpu="RTX 4090", disk_gb=10), ssh_timeout=60, prepare=False)
+    inst = orch.up("g1", "runpod", Request(name="g1", gpu="RTX 4090", disk_gb=10), ssh_timeout=60, prepare=None)
     pod = fake.pods[inst.provider_id]
     with orch.connect(inst) as c:
         c.run(f'{WORK}; mkdir -p "$W/runs/g1" && echo kept > "$W/runs/g1/marker" && echo "$W"', hide=True)
@@ -98,7 +98,7 @@ def test_a_new_key_at_any_other_time_is_refused(orch_home, runpod):
     """RunPod restarting a pod on its own (orch asked for no start) brings a new key too: refused."""
     fake, env = runpod
     orch = open_orch()
-    inst = orch.up("k1", "runpod", Request(name="k1", cpu=True), ssh_timeout=60, prepare=False)
+    inst = orch.up("k1", "runpod", Request(name="k1", cpu=True), ssh_timeout=60, prepare=None)
     pod = fake.pods[inst.provider_id]
     with fake._lock:  # the pod's container restarted behind orch's back
         fake._halt(pod)

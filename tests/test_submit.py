@@ -89,7 +89,7 @@ class NoteKind(JobKind):
     """A job kind written the way a new one would be: one class, its spec, its verbs; registered
     with one line. It writes its text to a file on the machine, and the file comes home."""
 
-    key, spec_type, noun, doing, provisioned, results = "note", Note, "note", "writing", False, "outputs"
+    key, spec_type, noun, doing, results = "note", Note, "note", "writing", "outputs"  # no provisioning: its base's None
 
     def _cmd(self):
         from orchestrator.task import CommandSpec

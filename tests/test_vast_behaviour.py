@@ -2,7 +2,7 @@
 Vast behaves (tests/fakes/vast_api.py): the direct SSH route silent, the proxy working, starts that
 wait for their GPU (scheduling), crashed containers that still bill, offers taken under a create.
 
-Instances are made with ``Orch.up(..., prepare=False)``, what ``orch check --live`` does: rented,
+Instances are made with ``Orch.up(..., prepare=None)``, what ``orch check --live`` does: rented,
 reached over SSH and recorded exactly as ``orch up`` does, without provisioning a GPU stack that
 these hosts cannot verify. Everything checked after that is what a user would run and read.
 """
@@ -36,7 +36,7 @@ def _no_watchdog(monkeypatch):
 def rent(name: str):
     """A ready Vast.ai instance, made as `orch up` makes one (minus provisioning)."""
     orch = open_orch()
-    return orch.up(name, "vastai", Request(name=name, gpu="RTX 4090"), ssh_timeout=60, prepare=False)
+    return orch.up(name, "vastai", Request(name=name, gpu="RTX 4090"), ssh_timeout=60, prepare=None)
 
 
 def detail(name: str, env: dict) -> dict:

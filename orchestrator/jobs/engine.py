@@ -153,10 +153,10 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
         elif js.nodes > 1:
             inst = groups.up(orch, name, choice.provider, choice.request, js.nodes, policy=policy,
                              ssh_timeout=js.ssh_timeout, launch=lambda ready: start(ready[0]),
-                             prepare=kind.provisioned)[0]
+                             prepare=kind.provisioning())[0]
         else:
             inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
-                           after_verify=start, prepare=kind.provisioned)
+                           after_verify=start, prepare=kind.provisioning())
     except BaseException as e:
         made = orch.ledger.by_name(groups.node_name(name, 0) if js.nodes > 1 else name, live_only=False)
         linked = made.id if made is not None and record.utc(made.created_at) >= record.utc(attempt.started_at) - \
@@ -605,7 +605,7 @@ def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
 
     def rent(start):
         fresh = group.replace(orch, orch.ledger.get(node.id), request, beside, policy=policy,
-                              ssh_timeout=js.ssh_timeout, prepare=js.kind_of().provisioned)
+                              ssh_timeout=js.ssh_timeout, prepare=js.kind_of().provisioning())
         ready = group.nodes_of(orch, fresh)
         start(ready[0])
         return ready[0]

@@ -1,6 +1,7 @@
-"""Run on the instance by the instance's Python: what torch and LibreYOLO it has, and whether they work.
+"""Run on the instance by the instance's Python: ``probe.py gpu|cpu [PACKAGE ...]``, what torch and
+each package it has, and whether they work.
 
-Standard library only at the top: torch may be missing or broken here. Where torch and LibreYOLO
+Standard library only at the top: torch may be missing or broken here. Where torch and every package
 import, it proves the device too (``verify_device.prove``, its sibling): ``proof`` in the answer.
 A proof made earlier in this boot on the same footing (``verify_device.remembered``) is answered
 instead, without importing torch; its ``proved_at`` says when it was made.
@@ -13,8 +14,9 @@ import sys
 from importlib.metadata import version
 
 want_gpu = sys.argv[1] == "gpu"
+packages = sys.argv[2:]  # what the provisioning installs over torch, each imported by its name
 facts = {"python": sys.executable, "torch": None, "torchvision": None, "torch_cuda": None,
-         "cuda_ok": False, "libreyolo": None, "driver_cuda": None, "gpus": [], "error": None}
+         "cuda_ok": False, "packages": {}, "package_errors": {}, "driver_cuda": None, "gpus": [], "error": None}
 
 smi = shutil.which("nvidia-smi")
 if smi:
@@ -50,18 +52,20 @@ else:
     except Exception as e:  # noqa: BLE001 - anything here means "this torch does not work"
         facts["error"] = f"{type(e).__name__}: {e}"
 try:
-    # Its version only (what pip holds it at when LibreYOLO is installed), read from what pip
+    # Its version only (what pip holds it at when a package is installed over torch), read from what pip
     # recorded: importing torchvision imports torch._dynamo, a second of CPU per provisioning.
     facts["torchvision"] = version("torchvision")
 except Exception:  # noqa: BLE001
     pass
-try:
-    import libreyolo  # noqa: F401  (an import that fails means it must be (re)installed)
+for name in packages:
+    try:
+        __import__(name)  # an import that fails means it must be (re)installed
 
-    facts["libreyolo"] = version("libreyolo")
-except Exception as e:  # noqa: BLE001
-    facts["libreyolo_error"] = f"{type(e).__name__}: {e}"[:300]
-if facts["torch"] and not facts["error"] and facts["libreyolo"]:
+        facts["packages"][name] = version(name)
+    except Exception as e:  # noqa: BLE001
+        facts["packages"][name] = None
+        facts["package_errors"][name] = f"{type(e).__name__}: {e}"[:300]
+if facts["torch"] and not facts["error"] and all(facts["packages"].values()):
     if earlier:
         facts["proof"] = {**earlier["proof"], "proved_at": earlier["at"]}
     else:

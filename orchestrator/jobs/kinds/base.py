@@ -25,9 +25,6 @@ class JobKind(ABC):
     spec_type: ClassVar[type]  # the dataclass of its spec
     noun: ClassVar[str]  # what its work is called in a job's lines ("training", "command")
     doing: ClassVar[str]  # what an attempt is doing while its work runs ("training", "running")
-    # Whether the machine gets orch's provisioning (torch for the device, LibreYOLO, the matmul
-    # proof) before the work starts; a command's setup is its own.
-    provisioned: ClassVar[bool] = True
     results: ClassVar[str] = "weights"  # what comes home, as `orch jobs show` names it
 
     def __init__(self, spec):
@@ -65,6 +62,13 @@ class JobKind(ABC):
         return 0
 
     # -- before anything is rented -------------------------------------------------------------
+    def provisioning(self):
+        """What its machines are made ready with once SSH answers, before ``launch`` (and again
+        after every start): an ``orchestrator.provisioning.Provisioning`` (torch for the device,
+        then its packages, the matmul proof), or None: SSH answering is all, its setup is its own
+        (a command's ``setup:``). The lifecycle runs it and remembers it on each node's row."""
+        return None
+
     @abstractmethod
     def prepare(self, orch, js, disk_given: bool):
         """What travels to the machine made ready at home (packed into orch's cache, again when the

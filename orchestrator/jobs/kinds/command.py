@@ -385,7 +385,6 @@ class CommandKind(JobKind):
     spec_type = CommandSpec
     noun = "command"
     doing = "running"
-    provisioned = False
 
     def prepare(self, orch, js, disk_given: bool):
         prepare(self.spec, orch.home, orch.say)

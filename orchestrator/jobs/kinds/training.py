@@ -31,6 +31,12 @@ class TrainingKind(JobKind):
     spec_type = TrainSpec
     noun = doing = "training"
 
+    def provisioning(self):
+        """Torch for the device, then LibreYOLO: what orch's plain machine (``orch up``) has too."""
+        from orchestrator.provisioning import MACHINE
+
+        return MACHINE
+
     @classmethod
     def dump(cls, spec) -> dict:
         d = super().dump(spec)
