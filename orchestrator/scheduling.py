@@ -126,10 +126,10 @@ def snapshot(home: Path, sub) -> Path | None:
 def snapshot_path(home: Path, stored: str | None) -> Path | None:
     """Where a schedule's snapshot is, from the name its row gives (a shared ledger is input too: a
     row names a file in ``$ORCH_HOME/schedules`` that ``workdir.pack`` named, never a path)."""
-    from orchestrator.task import WORKDIR_TAR
+    from orchestrator.workdir import TAR
 
     name = Path(stored).name if isinstance(stored, str) else ""
-    return Path(home) / SNAPSHOTS / name if WORKDIR_TAR.fullmatch(name) else None
+    return Path(home) / SNAPSHOTS / name if TAR.fullmatch(name) else None
 
 
 def stage(home: Path, stored: str | None) -> str | None:

@@ -17,7 +17,6 @@ import difflib
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -114,26 +113,6 @@ class Task(_Strict):
     schedule: Optional[Schedule] = None  # read by `orch schedule add` only
     volumes: dict[str, Union[str, VolumeSpec]] = Field(default_factory=dict)  # PATH: NAME (``volume_uses``)
     _workdir_given: bool = PrivateAttr(False)  # --workdir on the command line: read from there, wherever it is
-
-
-# -- what a command job keeps in its spec (the ledger's jobs.spec): names, never a secret's value ---
-@dataclass
-class CommandSpec:
-    run: str
-    setup: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    secrets: list[str] = field(default_factory=list)  # names only: values are read at each launch
-    workdir: str | None = None  # the local folder, absolute
-    outputs: list[str] = field(default_factory=list)  # normalised, relative to the workdir
-    checkpoint: str | None = None  # normalised, relative to the workdir
-    checkpoint_minutes: float = 10.0
-    keep_checkpoints: int = 1  # the newest N copies of the checkpoint folder kept after success
-    preempt_signal: str = "TERM"  # what the command's process group gets on a spot interruption notice
-    nodes: int = 1
-    workdir_max_mb: float = DEFAULT_WORKDIR_MB
-    excludes: list[str] = field(default_factory=list)  # filled in by workdir.pack
-    workdir_bytes: int | None = None
-    workdir_tar: str | None = None  # orch's cache: packed again when cleaned
 
 
 # -- reading a file -----------------------------------------------------------------------------
@@ -359,75 +338,6 @@ def volume_flags(task: Task, at=lambda *key: "volumes") -> list[str]:
         uses.append(volume_uses.Use(name, volume_uses.check_path(path, f"{at('volumes', path)}: volumes"), per_node))
     volume_uses.check_uses(uses, f"{at('volumes')}: volumes")
     return [f"{u.name}:{u.path}" + (f":{volume_uses.PER_NODE}" if u.per_node else "") for u in uses]
-
-
-WORKDIR_TAR = re.compile(r"workdir-[0-9a-f]{16}\.tar")  # workdir.pack's name: the tar's own hash
-
-
-def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
-    """A command's spec as the ledger gives it back, held to what making it checked (a shared
-    ledger is input too: whoever can write it must not make a reaper send or write a file it
-    chooses): each field of its type, names and values a command may have, the outputs and the
-    checkpoint folder inside the workdir, the workdir an absolute folder, and its packed copy a
-    name ``workdir.pack`` gives, taken from ``cache`` alone. UsageError names the first field wrong."""
-    def refuse(what: str):
-        raise UsageError(f"the job's stored command is refused: {what}")
-
-    def text(value, key, empty=False) -> bool:
-        if not isinstance(value, str) or "\0" in value or (not empty and not value.strip()):
-            refuse(f"{key} is not a text it could have been made with")
-        return True
-
-    def number(value, key, low, high, kind=(int, float)) -> None:
-        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            refuse(f"{key} {value!r} is not a number from {low} to {high}")
-
-    text(cmd.run, "run")
-    if cmd.setup is not None:
-        text(cmd.setup, "setup", empty=True)
-    if not isinstance(cmd.env, dict) or not isinstance(cmd.secrets, list):
-        refuse("env or secrets is not a mapping or a list")
-    for key, value in cmd.env.items():
-        if not ENV_NAME.fullmatch(str(key)) or key.startswith(RESERVED_ENV):
-            refuse(f"env {key!r} is not a variable a command may set")
-        text(value, f"env {key}", empty=True)
-    for name in cmd.secrets:
-        if not isinstance(name, str) or not ENV_NAME.fullmatch(name) or name.startswith(RESERVED_ENV):
-            refuse(f"secret {name!r} is not a variable name")
-    if not isinstance(cmd.outputs, list) or not isinstance(cmd.excludes, list):
-        refuse("outputs is not a list")
-    for out in cmd.outputs:
-        if not isinstance(out, str) or under_workdir(out, "output", "the job's stored command") != out \
-                or out in RESERVED_OUTPUTS:
-            refuse(f"output {out!r} is not a path inside the workdir")
-    if cmd.checkpoint is not None and (not isinstance(cmd.checkpoint, str)
-                                       or under_workdir(cmd.checkpoint, "checkpoint folder",
-                                                        "the job's stored command") != cmd.checkpoint):
-        refuse(f"checkpoint {cmd.checkpoint!r} is not a folder inside the workdir")
-    number(cmd.checkpoint_minutes, "checkpoint_minutes", 1e-9, 100_000)
-    number(cmd.keep_checkpoints, "keep_checkpoints", 0, 1000, int)
-    if cmd.preempt_signal not in PREEMPT_SIGNALS:
-        refuse(f"preempt_signal {str(cmd.preempt_signal)[:20]!r} is not one of {', '.join(PREEMPT_SIGNALS)}")
-    number(cmd.nodes, "nodes", 1, 64, int)
-    number(cmd.workdir_max_mb, "workdir_max_mb", 1e-9, 100_000)
-    if cmd.workdir_bytes is not None:
-        number(cmd.workdir_bytes, "workdir_bytes", 0, 1 << 50, int)
-    if cmd.workdir is None:
-        if cmd.workdir_tar is not None:
-            refuse("a packed workdir without a workdir")
-        return cmd
-    text(cmd.workdir, "workdir")
-    if not os.path.isabs(cmd.workdir) or os.path.normpath(cmd.workdir) != cmd.workdir:
-        refuse(f"workdir {cmd.workdir!r} is not the absolute folder the job was made with")
-    from orchestrator import workdir
-
-    workdir.guard(Path(cmd.workdir), "the job's stored command")  # never your home, $ORCH_HOME, your keys
-    # The packed copy is named by its content when the job is made (``workdir.pack``) and taken
-    # from orch's cache alone: whatever folder the row names for it is not read.
-    if not isinstance(cmd.workdir_tar, str) or not WORKDIR_TAR.fullmatch(Path(cmd.workdir_tar).name):
-        refuse("its packed workdir is not one orch made (workdir-HASH.tar in its cache)")
-    cmd.workdir_tar = str(Path(cache) / Path(cmd.workdir_tar).name)
-    return cmd
 
 
 def secret_values(names: list[str], environ=None) -> dict[str, str]:

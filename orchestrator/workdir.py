@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -37,6 +38,7 @@ CREDENTIALS = (".ssh", ".aws", ".config", ".gnupg", ".docker", ".kube", ".netrc"
                ".kaggle", ".huggingface", ".cache/huggingface", ".local/share/keyrings", ".terraform.d", ".boto",
                ".s3cfg")
 IGNORE_FILES = (".gitignore", ".orchignore")
+TAR = re.compile(r"workdir-[0-9a-f]{16}\.tar")  # what ``pack`` names a tar: its own content's hash
 NEVER = ".git"  # a repository's history and config (its remotes' tokens too): never sent, at any depth
 
 
@@ -190,8 +192,8 @@ def folder(base: Path, given: str, where: str, within: bool = False) -> Path:
 
 
 def ready(cmd, cache: Path, say):
-    """A command's workdir packed in orch's cache, as its job recorded it (``cmd``: a
-    ``task.CommandSpec``): the first time, packed; after that, the cached tar when its content
+    """A command's workdir packed in orch's cache, as its job recorded it (``cmd``: the
+    command kind's ``CommandSpec``): the first time, packed; after that, the cached tar when its content
     still gives its name, else the folder packed again, which must give that same tar. A job runs
     the files it was made with, and a row that names another folder sends nothing."""
     if not cmd.workdir:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import OrchError
-from orchestrator.task import CommandSpec
+from orchestrator.jobs.kinds import CommandSpec
 from tests.clouds import arrange, open_orch
 
 OUTPUTS = CommandSpec(run="true", outputs=["out"])

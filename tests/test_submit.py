@@ -92,7 +92,7 @@ class NoteKind(JobKind):
     key, spec_type, noun, doing, results = "note", Note, "note", "writing", "outputs"  # no provisioning: its base's None
 
     def _cmd(self):
-        from orchestrator.task import CommandSpec
+        from orchestrator.jobs.kinds import CommandSpec
 
         return CommandSpec(run=f"printf %s {shlex.quote(self.spec.text)} > note.txt", outputs=["note.txt"])
 

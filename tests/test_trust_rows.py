@@ -20,14 +20,15 @@ from tests.conftest import run_orch
 
 def make_job(home, work, name: str, **fields) -> str:
     """A planned command job as `orch run -f` records it (its workdir packed in orch's cache); its id."""
-    from orchestrator import jobs, task, workdir
+    from orchestrator import jobs, workdir
+    from orchestrator.jobs.kinds import CommandSpec
     from orchestrator.provider import Request
 
     (work / "job.py").parent.mkdir(parents=True, exist_ok=True)
     (work / "job.py").write_text("print('hi')\n")
     tar, size = workdir.pack(work, home / "cache")
-    cmd = task.CommandSpec(run="python job.py", workdir=str(work), workdir_tar=str(tar), workdir_bytes=size,
-                           outputs=["out/model.pt"], **fields)
+    cmd = CommandSpec(run="python job.py", workdir=str(work), workdir_tar=str(tar), workdir_bytes=size,
+                      outputs=["out/model.pt"], **fields)
     spec = jobs.JobSpec(kind="command", work=cmd, request=Request(name=name, cpu=True))
     job = open_orch().ledger.create_job(jobs.ACTIVE, name=name, state=jobs.PLANNED, spec=spec.to_json(), plan="{}",
                                         retries=1)

@@ -229,9 +229,10 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, flags: Flags,
 
 
 def command_spec(t, path, lines, base: Path):
-    """The command a task runs (``task.CommandSpec``), its workdir found and measured: what `orch run`
-    submits and `orch exec` starts on a machine of yours."""
+    """The command a task runs (the command kind's ``CommandSpec``), its workdir found and measured:
+    what `orch run` submits and `orch exec` starts on a machine of yours."""
     from orchestrator import task, workdir
+    from orchestrator.jobs.kinds import CommandSpec
 
     folder = None
     if t.workdir is not None:  # ~nouser, a NUL, a task file's folder elsewhere (not --workdir): refused
@@ -239,12 +240,12 @@ def command_spec(t, path, lines, base: Path):
         at = "--workdir" if t._workdir_given else task.where(path, lines, "workdir")
         folder = workdir.folder(base, t.workdir, at, within=within)
         workdir.measure(folder, t.workdir_max_mb, at)
-    return task.CommandSpec(run=t.run, setup=t.setup, env={k: task.scalar(v) for k, v in t.env.items()},
-                            secrets=list(t.secrets), workdir=str(folder) if folder else None,
-                            outputs=[task.under_workdir(o, "output", "") for o in t.outputs],
-                            checkpoint=task.under_workdir(t.checkpoint, "checkpoint", "") if t.checkpoint else None,
-                            checkpoint_minutes=t.checkpoint_minutes, nodes=t.nodes, workdir_max_mb=t.workdir_max_mb,
-                            keep_checkpoints=t.keep_checkpoints, preempt_signal=t.preempt_signal)
+    return CommandSpec(run=t.run, setup=t.setup, env={k: task.scalar(v) for k, v in t.env.items()},
+                       secrets=list(t.secrets), workdir=str(folder) if folder else None,
+                       outputs=[task.under_workdir(o, "output", "") for o in t.outputs],
+                       checkpoint=task.under_workdir(t.checkpoint, "checkpoint", "") if t.checkpoint else None,
+                       checkpoint_minutes=t.checkpoint_minutes, nodes=t.nodes, workdir_max_mb=t.workdir_max_mb,
+                       keep_checkpoints=t.keep_checkpoints, preempt_signal=t.preempt_signal)
 
 
 def _say_translation(path, lines, say=_stderr) -> None:

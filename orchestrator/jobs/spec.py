@@ -74,7 +74,7 @@ class JobSpec:
     orch so far has written: a job begun by an older orch is advanced by this one."""
 
     kind: str  # a key of ``jobs.kinds.KINDS``
-    work: Any  # the kind's spec (training.TrainSpec, task.CommandSpec): names of secrets, never values
+    work: Any  # the kind's spec (a ``KINDS[kind].spec_type``): names of secrets, never values
     request: Request  # as the user asked (the plan fills in gpu/offer/bid per attempt)
     providers: list[str] | None = None
     ssh_timeout: float | None = None  # seconds
