@@ -318,3 +318,12 @@ def test_a_kind_named_outside_the_kinds_fails_the_check():
                    "from ..jobs.kinds import training\n", "import orchestrator.jobs.kinds.base\n"):
         assert kind_leaks(views, source) != [], source
     assert kind_leaks(views, "from orchestrator.jobs.kinds import KINDS, CommandKind\nx = d['kind'] in KINDS\n") == []
+
+
+def test_the_lifecycle_names_no_package_it_provisions():
+    """What a machine is made ready with is its job kind's (``JobKind.provisioning``, data the
+    lifecycle runs): the lifecycle and the job engine name no package, LibreYOLO included."""
+    bring_up = [CORE / "lifecycle.py", CORE / "jobs" / "engine.py"]
+    named = [f"{p.name}:{n}" for p in bring_up for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "libreyolo" in line.lower()]
+    assert named == []
