@@ -28,11 +28,11 @@ from dataclasses import replace
 from typing import Callable
 
 from orchestrator import claims, states
-from orchestrator.provisioning import MACHINE, Provisioning
 from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.ledger import Instance, new_id
 from orchestrator.provider import RentsGroups, Request
+from orchestrator.provisioning import MACHINE, Provisioning
 from orchestrator.text import why as _why
 
 MAX_NODES = 64
