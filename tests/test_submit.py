@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from orchestrator.jobs.kinds import JobKind, Launched
 from orchestrator.jobs.kinds import command
 from tests.clouds import open_orch, runpod, vast, wait_for  # noqa: F401  (the fake RunPod and Vast.ai fixtures)
-from tests.conftest import run_orch
+from tests.conftest import needs_torch, run_orch
 
 
 def _before(queries: list[str], mutation: str) -> list[str]:
@@ -142,6 +142,38 @@ def test_a_new_job_kind_is_one_class_and_one_registration(orch_home, monkeypatch
     assert (orch_home / "runs" / "n1" / "note.txt").read_text() == "hello from a new kind"
     assert json.loads(job.spec)["note"] == {"text": "hello from a new kind"}
     assert [i for i in orch.ledger.instances() if i.state not in ("destroyed", "failed", "lost")] == []
+
+
+class ProvisionedNoteKind(NoteKind):
+    """The note kind, its machine made ready with a package of its own over torch."""
+
+    def provisioning(self):
+        from orchestrator.provisioning import Provisioning
+
+        return Provisioning(packages=("tenacity",), says="torch for the device, then tenacity")
+
+
+@needs_torch
+def test_a_new_kinds_provisioning_makes_its_machines_ready_before_its_launch(orch_home, monkeypatch):
+    """A kind says what its machines get once SSH answers (``JobKind.provisioning``): the engine
+    hands it to the bring-up, which installs and proves it before the kind's launch; orch names no
+    package of it anywhere else."""
+    from orchestrator import jobs
+    from orchestrator.jobs.kinds import KINDS
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+
+    monkeypatch.setitem(KINDS, NoteKind.key, ProvisionedNoteKind)
+    lines: list[str] = []
+    orch = Orch.open(say=lines.append)
+    js = jobs.JobSpec(kind="note", work=Note("provisioned"), request=Request(name="n2", cpu=True))
+    jobs.submit(orch, jobs.Submission("n2", js))
+    assert "[3/4] provisioning (torch for the device, then tenacity)" in lines, lines
+    [inst] = orch.ledger.instances()  # its attempt's machine
+    assert "matmul sum" in (inst.device or ""), inst.device
+    job = wait_for(lambda: (lambda j: j if j.state in jobs.ENDED else None)(jobs.advance(orch, orch.ledger.job("n2"))),
+                   timeout=60, what="the note job to end")
+    assert job.state == "completed", (job.state, job.reason)
 
 
 def test_run_resume_of_a_training_is_checked_for_its_files_not_refused_as_a_replace(orch_home, tmp_path):
