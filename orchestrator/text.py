@@ -167,6 +167,15 @@ def why(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:300]
 
 
+def nearest(word: str, known) -> str:
+    """" (did you mean 'x'?)" for the known name closest to a mistyped ``word`` (difflib), else "":
+    what a refusal of an unknown key or setting adds so that a typo is mended at once."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
 def columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -> str:
     """Plain aligned columns for a table of any size (Rich's Table takes most of a second for a
     thousand rows); the columns numbered in ``right`` are right-aligned. Cells are printed as they

@@ -291,3 +291,40 @@ def test_an_invalid_name_is_refused_before_the_ledger_is_opened(orch_home, monke
     code, _, err = orch(monkeypatch, capsys, *args)
     refused(code, err, "invalid name")
     assert not (orch_home / "ledger.db").exists(), "the ledger was created"
+
+
+# -- a typo in config.toml (a new user's): refused by name, with the key meant ----------------------------
+TYPOS = {
+    # what config.toml says: the key named, the key meant
+    "[providers.local]\nprise_per_hour = 2\n": ("prise_per_hour", "price_per_hour"),
+    "[providers.local]\nstoped_price_per_hour = 1\n": ("stoped_price_per_hour", "stopped_price_per_hour"),
+    "ssh_timout_minutes = 5\n": ("ssh_timout_minutes", "ssh_timeout_minutes"),
+    "[policy]\nidle_minute = 5\n": ("idle_minute", "idle_minutes"),
+    "[budget]\ndaily = 5\n": ("daily", "daily_usd"),
+    "[notify]\nevent = []\n": ("event", "events"),
+}
+TYPO_COMMANDS = {
+    "run": ["run", "x", "--provider", "local", "--cpu", "--max-cost", "1", "--", "true"],
+    "up": ["up", "box", "--cpu"],
+    "schedule add": ["schedule", "add", "nightly", "-f", "{task}", "--cron", "@daily", "--max-cost", "1"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TYPO_COMMANDS))
+@pytest.mark.parametrize("text", sorted(TYPOS))
+def test_a_mistyped_setting_is_named_with_the_one_meant(orch_home, monkeypatch, capsys, tmp_path, text, command):
+    """`prise_per_hour = 2` was read as no price at all: every run cost $0 to --max-cost and the
+    budget. Now one line names the key and the nearest one orch knows, exit 2, nothing made."""
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text(text)
+    task = tmp_path / "t.yaml"
+    task.write_text(TASK)
+    code, _, err = orch(monkeypatch, capsys, *[a.replace("{task}", str(task)) for a in TYPO_COMMANDS[command]])
+    typo, meant = TYPOS[text]
+    refused(code, err, f"{typo!r}")
+    assert f"did you mean {meant!r}" in err, err
+    nothing_created(orch_home)
+    if (orch_home / "ledger.db").exists():
+        with sqlite3.connect(orch_home / "ledger.db") as conn:
+            assert conn.execute("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM schedules)").fetchone() \
+                == (0,)
