@@ -17,9 +17,11 @@ import difflib
 import os
 import posixpath
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Iterator, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
@@ -441,15 +443,25 @@ def secret_values(names: list[str], environ=None) -> dict[str, str]:
     return {n: environ[n] for n in names}
 
 
-_HIDDEN_TOO: dict[str, set[str]] = {}  # values this process holds only to hide them (``hide_too``)
+# Values this process holds only to hide them, for the one job whose text it handles now
+# (``hiding``): a context variable, so that a pass looking at many jobs hides each one's alone.
+_HIDDEN_TOO: ContextVar[dict[str, set[str]]] = ContextVar("hidden_too", default={})
 
 
-def hide_too(values: dict[str, set[str]]) -> None:
-    """Values this process knows of a secret without having it in its environment (a reaper pass:
-    the secrets stored for each schedule, whose runs it looks after): ``held_secrets`` hides them
-    too. Never read at a launch (``secret_values``): nothing here is sent anywhere."""
-    for name, found in values.items():
-        _HIDDEN_TOO.setdefault(name, set()).update(found)
+@contextmanager
+def hiding(values: dict[str, str]) -> Iterator[None]:
+    """While the block runs, ``held_secrets`` also holds ``values``: the secrets a job got without
+    them being in this process's environment (a schedule's run: those stored for that schedule, and
+    only while that run's step is taken, so another schedule's short value never masks this run's
+    text). Never read at a launch (``secret_values``): nothing here is sent anywhere."""
+    merged = {name: set(found) for name, found in _HIDDEN_TOO.get().items()}
+    for name, value in values.items():
+        merged.setdefault(name, set()).add(value)
+    token = _HIDDEN_TOO.set(merged)
+    try:
+        yield
+    finally:
+        _HIDDEN_TOO.reset(token)
 
 
 def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
@@ -459,8 +471,9 @@ def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
     environ = os.environ if environ is None else environ
     names = [n for n in names or () if isinstance(n, str)]
     values = [environ[n] for n in names if environ.get(n)]
-    values += [v for n in names for v in sorted(_HIDDEN_TOO.get(n, ())) if v and v not in values]
-    return values, [n for n in names if not environ.get(n) and not _HIDDEN_TOO.get(n)]
+    hidden = _HIDDEN_TOO.get()
+    values += [v for n in names for v in sorted(hidden.get(n, ())) if v and v not in values]
+    return values, [n for n in names if not environ.get(n) and not hidden.get(n)]
 
 
 def env_pairs(pairs: list[str], flag: str = "--env") -> dict[str, str]:

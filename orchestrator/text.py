@@ -48,6 +48,12 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
 
     alternatives = []
     for value in {s for s in secrets if s}:
+        if len(value) < _MIN_FRAGMENT:
+            # A value of 1-3 characters ("0", "on") is in every log as part of other words and numbers:
+            # hidden where it stands alone, not inside a longer run of letters and digits, and its
+            # encoded forms (hex "30", base64 "MA==") not looked for; each would match almost anything.
+            alternatives.append(rf"(?<![^\W_]){re.escape(value)}(?![^\W_])")
+            continue
         alternatives.append(re.escape(value))
         if len(value) >= _MIN_FRAGMENT:  # `rev`: a short value reversed matches much else
             alternatives.append(re.escape(value[::-1]))

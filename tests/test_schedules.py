@@ -815,3 +815,31 @@ def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(
     listed = run_orch("schedule", "ls", check=0).stdout
     assert f"(waits: the run of" in listed and f"after {opens:%H:%M} UTC starts it" in listed, listed
     assert orch.ledger.jobs() == []
+
+
+def test_a_reaper_pass_hides_each_runs_text_with_its_own_schedules_secret_alone(orch_home, tmp_path):
+    """A pass hid every schedule's stored values in every run it looked after: schedule `tally`'s
+    TOKEN of `2026` turned this run's `report for 2026-12-08` into `report for ***-12-08`, in the
+    log that came home and in the reason its failure gave. Each run is hidden with its own
+    schedule's values (and this process's), never another's."""
+    secret = "s3cret-" + os.urandom(6).hex()
+    mine = write(tmp_path / "report.yaml", """
+        name: report
+        resources: {cpu: true}
+        secrets: [SCHED_SHARED_TOKEN]
+        run: echo "token $SCHED_SHARED_TOKEN"; echo "report for 2026-12-08"; exit 3
+        """)
+    other = write(tmp_path / "tally.yaml", "name: tally\nresources: {cpu: true}\nsecrets: [SCHED_SHARED_TOKEN]\n"
+                                          "run: 'true'\n")
+    run_orch("schedule", "add", "-f", mine, "--cron", "0 2 * * *", env={"SCHED_SHARED_TOKEN": secret}, check=0)
+    run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"SCHED_SHARED_TOKEN": "2026"}, check=0)
+    orch = reaper()
+    t = schedule(orch, "report").due_at + MIN
+    started = [d for d in one_pass(orch, t) if d["name"].startswith("report-")]
+    assert [d["state"] for d in started] == ["running"], started
+    job = until_ended(orch, started[0]["name"], t)
+    assert job.state == "failed" and "report for 2026-12-08" in job.reason, job.reason
+    log = (orch_home / "runs" / job.name / "train.log").read_text()
+    assert "token ***" in log and secret not in log, log
+    assert "report for 2026-12-08" in log, "another schedule's value masked this run's text: " + log
+    assert local_billing(orch_home) == set()
