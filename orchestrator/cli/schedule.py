@@ -269,4 +269,4 @@ def run(name: str):
     if got.get("watched"):
         say(got["watched"])
     if got["state"] in ("skipped", "failed"):
-        sys.exit(1)
+        sys.exit(got["exit_code"])  # the code `orch run` gives the same refusal (README, "CLI reference")
