@@ -293,20 +293,20 @@ def under_workdir(rel: str, what: str, where: str) -> str:
     return norm
 
 
-def where(path: Path, lines: _Lines, *key) -> str:
+def where(path: Path, lines: _Lines, *key, command: str = "orch run") -> str:
     """``FILE:LINE`` of a key, for a refusal made outside this module (the job's name); with no
-    file (``orch run NAME -- CMD``), the command line."""
+    file (``orch run NAME -- CMD``), the command line: ``command``, the one asking."""
     if lines is None:
-        return "orch run"
+        return command
     return f"{path}:{lines.line(key) or 1}"
 
 
-def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> None:
+def check(task: Task, path: Path | None, lines: _Lines | None, environ=None, command: str = "orch run") -> None:
     """What the schema alone cannot say, each with its line: nothing is opened or rented before."""
     environ = os.environ if environ is None else environ
 
     def at(*key) -> str:
-        return where(path, lines, *key)
+        return where(path, lines, *key, command=command)
 
     if task.run is not None and task.train is not None:
         raise UsageError(f"{at('train')}: give run: (a command) or train: (a LibreYOLO training), not both")
@@ -340,7 +340,7 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
             raise UsageError(f"{at('secrets', i)}: {name} is both in env: and in secrets:")
         if not environ.get(name):
             raise UsageError(f"{at('secrets', i)}: secret {name} is not set in this environment: export it before "
-                             "`orch run` (its value is read at launch and never stored)")
+                             f"`{command}` (its value is read at launch and never stored)")
     if task.resources.cpu and task.resources.gpu:
         raise UsageError(f"{at('resources', 'gpu')}: resources: cpu: true and a gpu exclude each other")
     low, high = task.resources.min_vram, task.resources.max_vram

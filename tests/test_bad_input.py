@@ -328,3 +328,36 @@ def test_a_mistyped_setting_is_named_with_the_one_meant(orch_home, monkeypatch, 
         with sqlite3.connect(orch_home / "ledger.db") as conn:
             assert conn.execute("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM schedules)").fetchone() \
                 == (0,)
+
+
+# -- --allow-secret names one of orch's own credentials, or is refused by the command that was typed ----
+ALLOW_COMMANDS = {
+    "orch run": ["run", "x", "--cpu", "--dry-run", "{allow}", "--", "true"],
+    "orch exec": ["exec", "box", "{allow}", "--", "true"],
+    "orch schedule add": ["schedule", "add", "nightly", "-f", "{task}", "--cron", "@daily", "{allow}"],
+}
+ALLOW_NAMES = {  # the name given: what the one line says after the command's own label
+    "MY_PLAIN_SECRET": "--allow-secret MY_PLAIN_SECRET: not one of orch's own credentials",
+    "RUNPOD_API_KY": "(did you mean 'RUNPOD_API_KEY'?)",
+    "ORCH_HOME": "--allow-secret ORCH_HOME: an ORCH_ variable",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALLOW_NAMES))
+@pytest.mark.parametrize("command", sorted(ALLOW_COMMANDS))
+def test_allow_secret_of_a_name_that_is_no_credential_is_refused_by_its_own_command(orch_home, monkeypatch, capsys,
+                                                                                   tmp_path, command, name):
+    """`--allow-secret MY_PLAIN_SECRET` acted as `--secret` (a typo of a provider key's name was then
+    a secret of its own, read from the shell), and its refusals said `orch run:` under `orch exec`
+    and `orch schedule add`. Now one line, labelled with the command typed, exit 2, nothing stored."""
+    monkeypatch.setenv("MY_PLAIN_SECRET", "plain-value")
+    monkeypatch.setenv("RUNPOD_API_KY", "typo-value")
+    task = tmp_path / "t.yaml"
+    task.write_text(TASK)
+    args = [a.replace("{task}", str(task)) for a in ALLOW_COMMANDS[command]]
+    at = args.index("{allow}")
+    code, _, err = orch(monkeypatch, capsys, *args[:at], "--allow-secret", name, *args[at + 1:])
+    refused(code, err, f"orch: error: {command}: ")
+    assert ALLOW_NAMES[name] in err, err
+    nothing_created(orch_home)
+    assert not (orch_home / "schedule-secrets").exists(), "nothing kept for a schedule"

@@ -77,7 +77,7 @@ def add(
     allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
-    from orchestrator import config, cron, reaper_timer, schedule_secrets, scheduling, task
+    from orchestrator import config, credentials, cron, reaper_timer, schedule_secrets, scheduling, task
     from orchestrator import ledger_schedules as ls
 
     t, lines = task.load(file)
@@ -117,12 +117,15 @@ def add(
     due = c.next_after(now)
     home = config.home()
     allow = list(allow_secret or [])
+    for n in allow:  # one of orch's own credentials, or refused before anything is read or stored
+        credentials.allowed(n, "orch schedule add")
     names = list(dict.fromkeys([*t.secrets, *allow]))
     before = schedule_secrets.read(home, name)[0] if replace else {}  # --replace: what it has, unless exported anew
     values = {n: os.environ.get(n) or before.get(n) or "" for n in names}
     missing = [n for n, v in values.items() if not v]
     if missing:
-        raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is not set in this "
+        at = task.where(file, lines, "secrets") if set(missing) & set(t.secrets) else "orch schedule add --allow-secret"
+        raise UsageError(f"{at}: secret {', '.join(missing)} is not set in this "
                          "environment: export it and add the schedule again (orch keeps it for this schedule's runs "
                          f"alone in {schedule_secrets.FOLDER}/{name}.json under $ORCH_HOME, 0600; never in the ledger)")
     from orchestrator.jobs import request
@@ -130,7 +133,7 @@ def add(
     # The task file says it all (no `orch run` flag is typed here; the schedule's own are the schedule's),
     # its secrets checked against the values kept for its runs, never put in this process's environment.
     flags = request.Flags(up=task_run.up_defaults(), workdir=workdir, allow_secret=allow,
-                          workdir_max_mb=workdir_max_mb)
+                          workdir_max_mb=workdir_max_mb, command="orch schedule add")
     sub = request.build(c.run_name(name, due), None, file, flags, environ={**os.environ, **values}, say=say)
     req = sub.spec.request
     if price is not None and (req.cpu or req.offer) and _known_price(sub) is None:
