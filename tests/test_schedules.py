@@ -775,13 +775,14 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
 
 # -- issue 55, 7: a CPU task's known price, the limits shown, a run held for its window ----------------
 def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_shows_the_limits(orch_home, tmp_path):
-    configure(orch_home, "local", {"price_per_hour": 0.5})
+    configure(orch_home, "local", {"price_per_hour": 0.05})
     task = write(tmp_path / "task.yaml", """
         name: cpu
         resources: {cpu: true}
         run: echo hi
         """)
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.1", "--max-cost", "2", check=0)
+    configure(orch_home, "local", {"price_per_hour": 0.5})  # the price rose after the schedule was added
     ran = run_orch("schedule", "run", "cpu", check=1)
     assert ": skipped" in ran.stdout and "$0.5000/hr is over --max-price $0.1; nothing rented" in ran.stdout, ran.stdout
     assert reaper().ledger.jobs() == [] and local_billing(orch_home) == set(), "nothing rented"
@@ -791,6 +792,33 @@ def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_sh
     ran = run_orch("schedule", "run", "at-price", check=0)
     assert ": running" in ran.stdout and "at $0.5000/hr" in ran.stdout, ran.stdout
     until_ended(reaper(), ran.stdout.split(":")[0], datetime.now(UTC))
+
+
+def test_a_max_price_below_the_known_price_is_refused_at_add_not_skipped_at_every_run(orch_home, tmp_path):
+    """`--max-price 0.1` on a CPU task the local provider prices at $0.5/hr was added, and every run
+    was then skipped. The price is known before anything is rented: refused at `add`, one line
+    naming both prices, exit 2, no schedule stored."""
+    configure(orch_home, "local", {"price_per_hour": 0.5})
+    task = write(tmp_path / "task.yaml", """
+        name: cpu
+        resources: {cpu: true}
+        run: echo hi
+        """)
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.1", check=2)
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("orch: error: --max-price: $0.1/hr is below the "
+                                                           "$0.5000/hr"), line
+    assert "every run would be skipped" in line, line
+    filed = write(tmp_path / "filed.yaml", """
+        name: filed
+        resources: {cpu: true}
+        nodes: 2
+        run: echo hi
+        schedule: {cron: "0 2 * * *", max_price: 0.9}
+        """)
+    line = run_orch("schedule", "add", "-f", filed, check=2).stderr.strip()
+    assert f"{filed}:5: schedule.max_price: $0.9/hr is below the $1.0000/hr" in line, "two nodes at $0.5: " + line
+    assert "no schedules" in run_orch("schedule", "ls", check=0).stdout.lower()
 
 
 def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(orch_home, tmp_path):

@@ -99,8 +99,8 @@ def add(
     cron.zone(tz_name, where)
     win_text, where = pick(window, "window", "--window")
     win = cron.parse_window(win_text, where) if win_text is not None else None
-    price, where = pick(max_price, "max_price", "--max-price")
-    price = _ceiling(price, where)
+    price, price_at = pick(max_price, "max_price", "--max-price")
+    price = _ceiling(price, price_at)
     cost, where = pick(max_cost, "max_cost", "--max-cost")
     cost = _ceiling(cost, where)
     over, where = pick(overlap, "overlap", "--overlap", "skip")
@@ -136,10 +136,17 @@ def add(
                           workdir_max_mb=workdir_max_mb, command="orch schedule add")
     sub = request.build(c.run_name(name, due), None, file, flags, environ={**os.environ, **values}, say=say)
     req = sub.spec.request
-    if price is not None and (req.cpu or req.offer) and _known_price(sub) is None:
-        what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
-        raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known once "
-                         "rented): drop it, or ask for a GPU")
+    if price is not None and (req.cpu or req.offer):
+        known = _known_price(sub)
+        if known is None:
+            what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
+            raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known "
+                             "once rented): drop it, or ask for a GPU")
+        known *= max(sub.spec.nodes, 1)  # what the plan holds to the ceiling (``jobs.plan``): the group's $/hr
+        if known > price:  # every run would be skipped: said now, not at each run
+            raise UsageError(f"{price_at}: ${price:g}/hr is below the ${known:.4f}/hr this task is known to cost "
+                             f"({_provider(sub)}'s price, before anything is rented): every run would be skipped; "
+                             f"raise it to at least {known:g}, or drop it")
 
     orch = open_orch()
     if not replace and ls.get(orch.ledger, name) is not None:
@@ -169,13 +176,18 @@ def add(
             "`orch reap` pass by hand)")
 
 
+def _provider(sub) -> str:
+    """The provider a CPU task (or a given offer) rents at, as the plan takes it (``jobs.plan``)."""
+    from orchestrator import plugins
+
+    return (sub.spec.providers or [None])[0] or plugins.default_provider()
+
+
 def _known_price(sub) -> float | None:
     """A CPU task's (or a given offer's) $/hr where its provider knows it before renting (the local provider's)."""
-    from orchestrator import plugins
     from orchestrator.jobs.plan import known_price
 
-    providers = sub.spec.providers or [plugins.default_provider()]
-    return known_price(providers[0], sub.spec.request)
+    return known_price(_provider(sub), sub.spec.request)
 
 
 @schedule_app.command("ls")
