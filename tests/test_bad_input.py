@@ -298,6 +298,7 @@ TYPOS = {
     # what config.toml says: the key named, the key meant
     "[providers.local]\nprise_per_hour = 2\n": ("prise_per_hour", "price_per_hour"),
     "[providers.local]\nstoped_price_per_hour = 1\n": ("stoped_price_per_hour", "stopped_price_per_hour"),
+    "[providers.lcoal]\nprice_per_hour = 2\n": ("lcoal", "local"),
     "ssh_timout_minutes = 5\n": ("ssh_timout_minutes", "ssh_timeout_minutes"),
     "[policy]\nidle_minute = 5\n": ("idle_minute", "idle_minutes"),
     "[budget]\ndaily = 5\n": ("daily", "daily_usd"),
