@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.text import nearest
 
 
 def home() -> Path:
@@ -76,6 +77,7 @@ def _load(path: str) -> dict[str, Any]:
     return data
 
 
+_POLICY = ("idle_minutes", "on_idle", "max_hours", "rebuild_cost")
 _SECTIONS = {"policy": dict, "providers": dict, "notify": dict, "budget": dict}
 # What notify.py posts.
 NOTIFY_EVENTS = ("preempted", "watchdog", "reaper", "lost", "broken", "job", "schedule", "volume", "budget")
@@ -98,7 +100,7 @@ def _check(data: dict, path: Path) -> None:
     for key, value in data.items():
         want = _SECTIONS.get(key) or _TOP.get(key)
         if want is None:
-            raise UsageError(f"{path}: unknown setting {key!r}")
+            raise UsageError(f"{path}: unknown setting {key!r}{nearest(key, [*_SECTIONS, *_TOP])}")
         if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
             raise UsageError(f"{path}: {key} has the wrong type ({type(value).__name__})")
         low, high = _RANGES.get(key, (None, None))
@@ -109,8 +111,8 @@ def _check(data: dict, path: Path) -> None:
             raise UsageError(f"{path}: [providers.{name}] must be a table")
     policy = data.get("policy", {})
     for key, value in policy.items():
-        if key not in ("idle_minutes", "on_idle", "max_hours", "rebuild_cost"):
-            raise UsageError(f"{path}: unknown policy setting {key!r}")
+        if key not in _POLICY:
+            raise UsageError(f"{path}: unknown policy setting {key!r}{nearest(key, _POLICY)}")
         if key == "on_idle":
             if value not in ("auto", "stop", "destroy"):
                 raise UsageError(f"{path}: policy.on_idle must be auto, stop or destroy")
@@ -130,7 +132,8 @@ def _check_budget(budget: dict, path: Path) -> None:
 
             cron.zone(value, f"{path}: budget.timezone")
         else:
-            raise UsageError(f"{path}: unknown budget setting {key!r}")
+            raise UsageError(f"{path}: unknown budget setting {key!r}"
+                             f"{nearest(key, ('daily_usd', 'monthly_usd', 'timezone'))}")
 
 
 def _check_notify(notify: dict, path: Path) -> None:
@@ -144,7 +147,7 @@ def _check_notify(notify: dict, path: Path) -> None:
             if not isinstance(value, list) or not all(isinstance(v, str) and v in NOTIFY_EVENTS for v in value):
                 raise UsageError(f"{path}: notify.events must be a list of {', '.join(NOTIFY_EVENTS)}")
         else:
-            raise UsageError(f"{path}: unknown notify setting {key!r}")
+            raise UsageError(f"{path}: unknown notify setting {key!r}{nearest(key, ('webhook_url', 'events'))}")
 
 
 def warnings(home_dir: Path | None = None) -> list[str]:

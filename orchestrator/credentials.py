@@ -14,6 +14,7 @@ line, name by name (``--allow-secret NAME``), and kept at home, never in the led
 from __future__ import annotations
 
 from orchestrator.errors import UsageError
+from orchestrator.text import nearest
 
 PREFIX = "ORCH_"
 HUB = {"HF_TOKEN": "the Hugging Face token orch passes itself, only to a hub download or a --push-to training"}
@@ -48,6 +49,23 @@ def refuse(name: str, allowed, where: str) -> None:
         f"; to hand it to the job on purpose, say so on the command line: --allow-secret {name}"
     raise UsageError(f"{where}: secret {name} is {what}: a task file or a stored job never sends it to a rented "
                      f"machine, where its owner can read it{hint}")
+
+
+def allowed(name: str, command: str) -> None:
+    """``--allow-secret NAME`` of ``command`` refused unless NAME is one of orch's own credentials
+    that may be handed over (not an ``ORCH_`` variable): the flag says "this key, on purpose"; a
+    name it does not know is a typo of one, or a secret of the user's own, which ``--secret`` (or a
+    task file's ``secrets:``) gives, and acting as that would hide the typo."""
+    if name.startswith(PREFIX):
+        raise UsageError(f"{command}: --allow-secret {name}: an ORCH_ variable is orch's own (its home, its "
+                         "database URL) and never a job's secret")
+    known = own()
+    if name not in known:
+        own_way = "--secret NAME or secrets: in the task file" if command != "orch schedule add" else \
+            "secrets: in the task file"
+        raise UsageError(f"{command}: --allow-secret {name}: not one of orch's own credentials{nearest(name, known)}; "
+                         f"--allow-secret hands one of those (a provider's key, HF_TOKEN) to a job on purpose, a "
+                         f"secret of your own is given with {own_way}")
 
 
 def stored(names, allowed, where: str) -> None:

@@ -18,15 +18,10 @@ def one_pass(orch, dry_run: bool = False, force: bool = False, parallel: int | N
     started or skipped at its end, under its lock; a real pass only: a dry run neither advances
     jobs nor imports them). ``now``: the schedules' clock (a test's own: the fleet and the jobs keep
     real time)."""
-    from orchestrator import schedule_secrets
-
-    # The schedules' runs it looks after got their schedule's secrets, which this process does not
-    # hold in its environment (never the reaper's own): known here to hide them in what comes home.
-    hidden = schedule_secrets.every_value(orch.home)
-    if hidden:  # a quiet pass over a fleet without schedules imports nothing more
-        from orchestrator import task
-
-        task.hide_too(hidden)
+    # A schedule's run got the secrets stored for its schedule, which this process does not hold
+    # (never the reaper's own): each run's text is hidden with its own schedule's values alone, as
+    # its step is taken (``jobs.record.hiding``) and as it is pulled (``runs``), never with every
+    # schedule's (another schedule's "0" would mask every digit of this run's log).
     advanced: list[dict] = []
 
     def advance_jobs() -> None:

@@ -39,10 +39,10 @@ class InstanceOps:
 
         cache = self.__dict__.setdefault("_providers", {})
         if name not in cache:
-            settings = config.provider_settings(name)
-            if config.get("spot_margin") is not None:
-                settings.setdefault("spot_margin", config.get("spot_margin"))
-            cache[name] = plugins.provider_class(name)(settings, self.home)
+            settings, cls = config.provider_settings(name), plugins.provider_class(name)
+            if config.get("spot_margin") is not None and "spot_margin" in cls.known_settings():
+                settings.setdefault("spot_margin", config.get("spot_margin"))  # where it bids at all
+            cache[name] = cls(settings, self.home)
         return cache[name]
 
     def move(self, inst: Instance, to: str, reason: str = "", **fields) -> Instance:

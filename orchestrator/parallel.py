@@ -9,6 +9,7 @@ Plain threads pulling from one shared queue, not an executor: no future per item
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from typing import Any, Callable, Sequence
 
@@ -50,8 +51,10 @@ def each(fn: Callable[[Any], Any], items: Sequence, bound: int) -> list[tuple[An
                 return
             call(k)
 
-    workers = [threading.Thread(target=worker, name=f"orch-parallel-{n}", daemon=True)
-               for n in range(min(bound, len(items)))]
+    # Each worker in a copy of the caller's context: what it holds for the job at hand (the values
+    # ``task.hiding`` hides) holds on the workers too.
+    workers = [threading.Thread(target=contextvars.copy_context().run, args=(worker,), name=f"orch-parallel-{n}",
+                                daemon=True) for n in range(min(bound, len(items)))]
     for w in workers:
         w.start()
     for w in workers:

@@ -41,7 +41,24 @@ def providers() -> dict[str, type]:
         found[cls.name] = cls
 
     manager().hook.register_providers(register=register)
+    _check_sections(found)
     return found
+
+
+def _check_sections(found: dict[str, type]) -> None:
+    """A ``[providers.NAME]`` of config.toml that names no provider is a typo (``[providers.lcoal]``):
+    its settings would be read by nobody (a price of $0 where one was set). Refused by name with the
+    provider meant; a plugin installed but broken keeps its section."""
+    from orchestrator import config
+    from orchestrator.text import nearest
+
+    for name in config.load().get("providers", {}):
+        if name in found:
+            continue
+        known = {*found, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))}
+        if name not in known:
+            raise UsageError(f"{config.home() / 'config.toml'}: unknown provider {name!r} in [providers.{name}]"
+                             + (nearest(name, known) or f" (known: {', '.join(sorted(found))})"))
 
 
 def provider_class(name: str) -> type:

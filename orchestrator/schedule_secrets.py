@@ -71,17 +71,6 @@ def of_jobs(ledger, home: Path, job_ids) -> dict[str, str] | None:
     return read(home, name)[0] if name else None
 
 
-def every_value(home: Path) -> dict[str, set[str]]:
-    """Each name -> the values stored for it by any schedule: what a reaper pass hides in the text
-    of the runs it looks after (``task.hide_too``), never what it sends."""
-    found: dict[str, set[str]] = {}
-    folder = Path(home) / FOLDER
-    for file in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        for key, value in read(home, file.stem)[0].items():
-            found.setdefault(key, set()).add(value)
-    return found
-
-
 def remove(home: Path, name: str) -> None:
     where = path(home, name)
     if where is not None:

@@ -282,14 +282,18 @@ def launch(orch, s, row, st: cron.Step) -> dict:
 
     c = cron.Cron.of(s.cron, s.tz)
 
-    def end(state: str, reason: str, job_state: str | None = None, **fields) -> dict:
+    def end(state: str, reason: str, job_state: str | None = None, exit_code: int = UsageError.exit_code,
+            **fields) -> dict:
+        """``exit_code``: what `orch schedule run` exits with when the run is not started, the code
+        `orch run` gives the same refusal (a limit or rule the user set, a stored row refused: 2;
+        no offer, a provider's failure: 1)."""
         ls.settle(orch.ledger, row.id, state, reason=reason, **fields)
         if st.due is not None:
             ls.move_due(orch.ledger, s.id, cron.utc(row.occurrence) if state == ls.WAITING else st.due)
         if state == ls.SKIPPED:
             _notify(s.name, row.name, reason)
         shown = {ls.WAITING: "waiting", ls.SKIPPED: "skipped"}.get(state) or job_state or state
-        return {"name": row.name, "state": shown, "reason": f"schedule {s.name}: {reason}"}
+        return {"name": row.name, "state": shown, "reason": f"schedule {s.name}: {reason}", "exit_code": exit_code}
 
     busy = [(r, doing) for r, doing in ls.active(orch.ledger, s.id, jobs.ACTIVE) if r.id != row.id]
     if busy:
@@ -320,16 +324,17 @@ def launch(orch, s, row, st: cron.Step) -> dict:
     except OrchError as e:
         job = orch.ledger.job(row.name)
         if job is not None and cron.utc(job.created_at) >= cron.utc(row.created_at) - timedelta(minutes=1):
-            return end(ls.LAUNCHED, f"launched, then: {_why(e)}", job_id=job.id, job_state=job.state)
+            return end(ls.LAUNCHED, f"launched, then: {_why(e)}", job_id=job.id, job_state=job.state,
+                       exit_code=OrchError.exit_code)
         reason, prices = _refused(orch, s, row.name, e)
-        return end(ls.WAITING if retry else ls.SKIPPED, reason + until, **prices)
+        return end(ls.WAITING if retry else ls.SKIPPED, reason + until, exit_code=e.exit_code, **prices)
     from orchestrator.jobs.record import note
 
     when = f"{c.local(row.occurrence):%Y-%m-%d %H:%M %Z}"
     job = note(orch, got.job, f"a run of schedule {s.name} (its occurrence {when})", say=False)
     said = f"{st.reason}; " if st.reason else ""
     done = end(ls.LAUNCHED, f"{said}launched: {got.choice.line}", job_id=job.id, price_hr=got.choice.price_hr,
-               usd=sub.estimate(got.choice), job_state=job.state)
+               usd=sub.estimate(got.choice), job_state=job.state, exit_code=OrchError.exit_code)  # failed at once: 1
     if job.state in jobs.ACTIVE:
         # Watched from now on, as `orch run` watches its job: --max-cost, completion, pulls and
         # teardown within seconds, not at a next pass that may never come (no reaper installed).

@@ -17,8 +17,10 @@ import difflib
 import os
 import posixpath
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Iterator, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
@@ -270,20 +272,20 @@ def under_workdir(rel: str, what: str, where: str) -> str:
     return norm
 
 
-def where(path: Path, lines: _Lines, *key) -> str:
+def where(path: Path, lines: _Lines, *key, command: str = "orch run") -> str:
     """``FILE:LINE`` of a key, for a refusal made outside this module (the job's name); with no
-    file (``orch run NAME -- CMD``), the command line."""
+    file (``orch run NAME -- CMD``), the command line: ``command``, the one asking."""
     if lines is None:
-        return "orch run"
+        return command
     return f"{path}:{lines.line(key) or 1}"
 
 
-def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> None:
+def check(task: Task, path: Path | None, lines: _Lines | None, environ=None, command: str = "orch run") -> None:
     """What the schema alone cannot say, each with its line: nothing is opened or rented before."""
     environ = os.environ if environ is None else environ
 
     def at(*key) -> str:
-        return where(path, lines, *key)
+        return where(path, lines, *key, command=command)
 
     if task.run is not None and task.train is not None:
         raise UsageError(f"{at('train')}: give run: (a command) or train: (a LibreYOLO training), not both")
@@ -317,7 +319,7 @@ def check(task: Task, path: Path | None, lines: _Lines | None, environ=None) -> 
             raise UsageError(f"{at('secrets', i)}: {name} is both in env: and in secrets:")
         if not environ.get(name):
             raise UsageError(f"{at('secrets', i)}: secret {name} is not set in this environment: export it before "
-                             "`orch run` (its value is read at launch and never stored)")
+                             f"`{command}` (its value is read at launch and never stored)")
     if task.resources.cpu and task.resources.gpu:
         raise UsageError(f"{at('resources', 'gpu')}: resources: cpu: true and a gpu exclude each other")
     low, high = task.resources.min_vram, task.resources.max_vram
@@ -351,15 +353,25 @@ def secret_values(names: list[str], environ=None) -> dict[str, str]:
     return {n: environ[n] for n in names}
 
 
-_HIDDEN_TOO: dict[str, set[str]] = {}  # values this process holds only to hide them (``hide_too``)
+# Values this process holds only to hide them, for the one job whose text it handles now
+# (``hiding``): a context variable, so that a pass looking at many jobs hides each one's alone.
+_HIDDEN_TOO: ContextVar[dict[str, set[str]]] = ContextVar("hidden_too", default={})
 
 
-def hide_too(values: dict[str, set[str]]) -> None:
-    """Values this process knows of a secret without having it in its environment (a reaper pass:
-    the secrets stored for each schedule, whose runs it looks after): ``held_secrets`` hides them
-    too. Never read at a launch (``secret_values``): nothing here is sent anywhere."""
-    for name, found in values.items():
-        _HIDDEN_TOO.setdefault(name, set()).update(found)
+@contextmanager
+def hiding(values: dict[str, str]) -> Iterator[None]:
+    """While the block runs, ``held_secrets`` also holds ``values``: the secrets a job got without
+    them being in this process's environment (a schedule's run: those stored for that schedule, and
+    only while that run's step is taken, so another schedule's short value never masks this run's
+    text). Never read at a launch (``secret_values``): nothing here is sent anywhere."""
+    merged = {name: set(found) for name, found in _HIDDEN_TOO.get().items()}
+    for name, value in values.items():
+        merged.setdefault(name, set()).add(value)
+    token = _HIDDEN_TOO.set(merged)
+    try:
+        yield
+    finally:
+        _HIDDEN_TOO.reset(token)
 
 
 def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
@@ -369,8 +381,9 @@ def held_secrets(names, environ=None) -> tuple[list[str], list[str]]:
     environ = os.environ if environ is None else environ
     names = [n for n in names or () if isinstance(n, str)]
     values = [environ[n] for n in names if environ.get(n)]
-    values += [v for n in names for v in sorted(_HIDDEN_TOO.get(n, ())) if v and v not in values]
-    return values, [n for n in names if not environ.get(n) and not _HIDDEN_TOO.get(n)]
+    hidden = _HIDDEN_TOO.get()
+    values += [v for n in names for v in sorted(hidden.get(n, ())) if v and v not in values]
+    return values, [n for n in names if not environ.get(n) and not hidden.get(n)]
 
 
 def env_pairs(pairs: list[str], flag: str = "--env") -> dict[str, str]:

@@ -48,6 +48,12 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern | None:
 
     alternatives = []
     for value in {s for s in secrets if s}:
+        if len(value) < _MIN_FRAGMENT:
+            # A value of 1-3 characters ("0", "on") is in every log as part of other words and numbers:
+            # hidden where it stands alone, not inside a longer run of letters and digits, and its
+            # encoded forms (hex "30", base64 "MA==") not looked for; each would match almost anything.
+            alternatives.append(rf"(?<![^\W_]){re.escape(value)}(?![^\W_])")
+            continue
         alternatives.append(re.escape(value))
         if len(value) >= _MIN_FRAGMENT:  # `rev`: a short value reversed matches much else
             alternatives.append(re.escape(value[::-1]))
@@ -165,6 +171,15 @@ def why(e: BaseException) -> str:
         return "interrupted"
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:300]
+
+
+def nearest(word: str, known) -> str:
+    """" (did you mean 'x'?)" for the known name closest to a mistyped ``word`` (difflib), else "":
+    what a refusal of an unknown key or setting adds so that a typo is mended at once."""
+    import difflib
+
+    near = difflib.get_close_matches(str(word), sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: frozenset[int] = frozenset()) -> str:

@@ -291,3 +291,74 @@ def test_an_invalid_name_is_refused_before_the_ledger_is_opened(orch_home, monke
     code, _, err = orch(monkeypatch, capsys, *args)
     refused(code, err, "invalid name")
     assert not (orch_home / "ledger.db").exists(), "the ledger was created"
+
+
+# -- a typo in config.toml (a new user's): refused by name, with the key meant ----------------------------
+TYPOS = {
+    # what config.toml says: the key named, the key meant
+    "[providers.local]\nprise_per_hour = 2\n": ("prise_per_hour", "price_per_hour"),
+    "[providers.local]\nstoped_price_per_hour = 1\n": ("stoped_price_per_hour", "stopped_price_per_hour"),
+    "[providers.lcoal]\nprice_per_hour = 2\n": ("lcoal", "local"),
+    "ssh_timout_minutes = 5\n": ("ssh_timout_minutes", "ssh_timeout_minutes"),
+    "[policy]\nidle_minute = 5\n": ("idle_minute", "idle_minutes"),
+    "[budget]\ndaily = 5\n": ("daily", "daily_usd"),
+    "[notify]\nevent = []\n": ("event", "events"),
+}
+TYPO_COMMANDS = {
+    "run": ["run", "x", "--provider", "local", "--cpu", "--max-cost", "1", "--", "true"],
+    "up": ["up", "box", "--cpu"],
+    "schedule add": ["schedule", "add", "nightly", "-f", "{task}", "--cron", "@daily", "--max-cost", "1"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(TYPO_COMMANDS))
+@pytest.mark.parametrize("text", sorted(TYPOS))
+def test_a_mistyped_setting_is_named_with_the_one_meant(orch_home, monkeypatch, capsys, tmp_path, text, command):
+    """`prise_per_hour = 2` was read as no price at all: every run cost $0 to --max-cost and the
+    budget. Now one line names the key and the nearest one orch knows, exit 2, nothing made."""
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text(text)
+    task = tmp_path / "t.yaml"
+    task.write_text(TASK)
+    code, _, err = orch(monkeypatch, capsys, *[a.replace("{task}", str(task)) for a in TYPO_COMMANDS[command]])
+    typo, meant = TYPOS[text]
+    refused(code, err, f"{typo!r}")
+    assert f"did you mean {meant!r}" in err, err
+    nothing_created(orch_home)
+    if (orch_home / "ledger.db").exists():
+        with sqlite3.connect(orch_home / "ledger.db") as conn:
+            assert conn.execute("SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM schedules)").fetchone() \
+                == (0,)
+
+
+# -- --allow-secret names one of orch's own credentials, or is refused by the command that was typed ----
+ALLOW_COMMANDS = {
+    "orch run": ["run", "x", "--cpu", "--dry-run", "{allow}", "--", "true"],
+    "orch exec": ["exec", "box", "{allow}", "--", "true"],
+    "orch schedule add": ["schedule", "add", "nightly", "-f", "{task}", "--cron", "@daily", "{allow}"],
+}
+ALLOW_NAMES = {  # the name given: what the one line says after the command's own label
+    "MY_PLAIN_SECRET": "--allow-secret MY_PLAIN_SECRET: not one of orch's own credentials",
+    "RUNPOD_API_KY": "(did you mean 'RUNPOD_API_KEY'?)",
+    "ORCH_HOME": "--allow-secret ORCH_HOME: an ORCH_ variable",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALLOW_NAMES))
+@pytest.mark.parametrize("command", sorted(ALLOW_COMMANDS))
+def test_allow_secret_of_a_name_that_is_no_credential_is_refused_by_its_own_command(orch_home, monkeypatch, capsys,
+                                                                                   tmp_path, command, name):
+    """`--allow-secret MY_PLAIN_SECRET` acted as `--secret` (a typo of a provider key's name was then
+    a secret of its own, read from the shell), and its refusals said `orch run:` under `orch exec`
+    and `orch schedule add`. Now one line, labelled with the command typed, exit 2, nothing stored."""
+    monkeypatch.setenv("MY_PLAIN_SECRET", "plain-value")
+    monkeypatch.setenv("RUNPOD_API_KY", "typo-value")
+    task = tmp_path / "t.yaml"
+    task.write_text(TASK)
+    args = [a.replace("{task}", str(task)) for a in ALLOW_COMMANDS[command]]
+    at = args.index("{allow}")
+    code, _, err = orch(monkeypatch, capsys, *args[:at], "--allow-secret", name, *args[at + 1:])
+    refused(code, err, f"orch: error: {command}: ")
+    assert ALLOW_NAMES[name] in err, err
+    nothing_created(orch_home)
+    assert not (orch_home / "schedule-secrets").exists(), "nothing kept for a schedule"

@@ -188,3 +188,22 @@ def test_a_schedules_run_that_does_not_fit_the_budget_is_skipped_with_the_reason
     assert any("skipped" in t and "refused by the budget" in t for t in hook.texts()), hook.texts()
     nothing_created(orch_home)
     hook.close()
+
+
+def test_a_schedules_run_refused_by_a_limit_exits_as_orch_run_refused_by_it_does(orch_home, tmp_path):
+    """`orch run` refused by the budget exits 2 (a limit the user set: one line, nothing made);
+    `orch schedule run` skipped for the same reason, or for the schedule's own --max-cost, exited 1,
+    as a failure would."""
+    task = write(tmp_path / "nightly.yaml", "name: nightly\nresources: {cpu: true}\nmax_hours: 1\nrun: 'true'\n")
+    write_config(orch_home, "[providers.local]\nprice_per_hour = 36.0\n\n[budget]\ndaily_usd = 1\n")
+    run_orch("run", "-f", task, check=2)
+    run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
+    budget = run_orch("schedule", "run", "nightly")
+    assert budget.returncode == 2 and ": skipped" in budget.stdout, (budget.returncode, budget.stdout, budget.stderr)
+    assert "refused by the budget" in budget.stdout, budget.stdout
+
+    write_config(orch_home, "[providers.local]\nprice_per_hour = 36.0\n")  # the schedule's own ceiling: the same rule
+    run_orch("schedule", "add", "capped", "-f", task, "--cron", "0 2 * * *", "--max-cost", "5", check=0)
+    capped = run_orch("schedule", "run", "capped")
+    assert capped.returncode == 2 and "is over --max-cost $5" in capped.stdout, (capped.returncode, capped.stdout)
+    nothing_created(orch_home)

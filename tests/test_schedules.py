@@ -775,13 +775,14 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
 
 # -- issue 55, 7: a CPU task's known price, the limits shown, a run held for its window ----------------
 def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_shows_the_limits(orch_home, tmp_path):
-    configure(orch_home, "local", {"price_per_hour": 0.5})
+    configure(orch_home, "local", {"price_per_hour": 0.05})
     task = write(tmp_path / "task.yaml", """
         name: cpu
         resources: {cpu: true}
         run: echo hi
         """)
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.1", "--max-cost", "2", check=0)
+    configure(orch_home, "local", {"price_per_hour": 0.5})  # the price rose after the schedule was added
     ran = run_orch("schedule", "run", "cpu", check=1)
     assert ": skipped" in ran.stdout and "$0.5000/hr is over --max-price $0.1; nothing rented" in ran.stdout, ran.stdout
     assert reaper().ledger.jobs() == [] and local_billing(orch_home) == set(), "nothing rented"
@@ -791,6 +792,33 @@ def test_max_price_holds_a_cpu_task_at_the_local_providers_known_price_and_ls_sh
     ran = run_orch("schedule", "run", "at-price", check=0)
     assert ": running" in ran.stdout and "at $0.5000/hr" in ran.stdout, ran.stdout
     until_ended(reaper(), ran.stdout.split(":")[0], datetime.now(UTC))
+
+
+def test_a_max_price_below_the_known_price_is_refused_at_add_not_skipped_at_every_run(orch_home, tmp_path):
+    """`--max-price 0.1` on a CPU task the local provider prices at $0.5/hr was added, and every run
+    was then skipped. The price is known before anything is rented: refused at `add`, one line
+    naming both prices, exit 2, no schedule stored."""
+    configure(orch_home, "local", {"price_per_hour": 0.5})
+    task = write(tmp_path / "task.yaml", """
+        name: cpu
+        resources: {cpu: true}
+        run: echo hi
+        """)
+    proc = run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", "--max-price", "0.1", check=2)
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("orch: error: --max-price: $0.1/hr is below the "
+                                                           "$0.5000/hr"), line
+    assert "every run would be skipped" in line, line
+    filed = write(tmp_path / "filed.yaml", """
+        name: filed
+        resources: {cpu: true}
+        nodes: 2
+        run: echo hi
+        schedule: {cron: "0 2 * * *", max_price: 0.9}
+        """)
+    line = run_orch("schedule", "add", "-f", filed, check=2).stderr.strip()
+    assert f"{filed}:5: schedule.max_price: $0.9/hr is below the $1.0000/hr" in line, "two nodes at $0.5: " + line
+    assert "no schedules" in run_orch("schedule", "ls", check=0).stdout.lower()
 
 
 def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(orch_home, tmp_path):
@@ -815,3 +843,31 @@ def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(
     listed = run_orch("schedule", "ls", check=0).stdout
     assert f"(waits: the run of" in listed and f"after {opens:%H:%M} UTC starts it" in listed, listed
     assert orch.ledger.jobs() == []
+
+
+def test_a_reaper_pass_hides_each_runs_text_with_its_own_schedules_secret_alone(orch_home, tmp_path):
+    """A pass hid every schedule's stored values in every run it looked after: schedule `tally`'s
+    TOKEN of `2026` turned this run's `report for 2026-12-08` into `report for ***-12-08`, in the
+    log that came home and in the reason its failure gave. Each run is hidden with its own
+    schedule's values (and this process's), never another's."""
+    secret = "s3cret-" + os.urandom(6).hex()
+    mine = write(tmp_path / "report.yaml", """
+        name: report
+        resources: {cpu: true}
+        secrets: [SCHED_SHARED_TOKEN]
+        run: echo "token $SCHED_SHARED_TOKEN"; echo "report for 2026-12-08"; exit 3
+        """)
+    other = write(tmp_path / "tally.yaml", "name: tally\nresources: {cpu: true}\nsecrets: [SCHED_SHARED_TOKEN]\n"
+                                          "run: 'true'\n")
+    run_orch("schedule", "add", "-f", mine, "--cron", "0 2 * * *", env={"SCHED_SHARED_TOKEN": secret}, check=0)
+    run_orch("schedule", "add", "-f", other, "--cron", "0 3 * * *", env={"SCHED_SHARED_TOKEN": "2026"}, check=0)
+    orch = reaper()
+    t = schedule(orch, "report").due_at + MIN
+    started = [d for d in one_pass(orch, t) if d["name"].startswith("report-")]
+    assert [d["state"] for d in started] == ["running"], started
+    job = until_ended(orch, started[0]["name"], t)
+    assert job.state == "failed" and "report for 2026-12-08" in job.reason, job.reason
+    log = (orch_home / "runs" / job.name / "train.log").read_text()
+    assert "token ***" in log and secret not in log, log
+    assert "report for 2026-12-08" in log, "another schedule's value masked this run's text: " + log
+    assert local_billing(orch_home) == set()

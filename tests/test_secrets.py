@@ -234,6 +234,19 @@ def test_redact_hides_every_form_of_a_value():
     assert token not in unheld
 
 
+def test_a_secret_of_one_to_three_characters_is_hidden_where_it_stands_alone_not_in_every_number():
+    """A secret "0" hid every 0 of the log (epoch 10 of 30: "epoch 1*** of 3***") and its hex "30"
+    every 30 and "MA==" too: the log said nothing. A value that short is hidden where it stands
+    alone, as a command prints a variable, and in no encoded form."""
+    from orchestrator.text import redact
+
+    assert redact("epoch 10 of 30 (3030 images), PIN=0, '0'", ["0"]) == "epoch 10 of 30 (3030 images), PIN=***, '***'"
+    assert redact("mode on; online ON\non", ["on"]) == "mode ***; online ON\n***"
+    assert redact("k=abc abcd xabc", ["abc"]) == "k=*** abcd xabc"
+    assert redact("k=\x1b[1mab\x1b[0mc.", ["abc"]) == "k=\x1b[1m***."  # escapes between its characters too
+    assert redact("k=abcd, 61626364", ["abcd"]) == "k=***, ***", "four characters and more: every form, as before"
+
+
 # -- hex, escapes, reversed (issue 53, finding 6) and the pull that hides as it writes (finding 7) ---------
 PRINTS_DISGUISED = r'''
 printf 'hex %s\n' "$(printf %s "$MY_TOKEN" | od -An -tx1 | tr -d ' \n')"

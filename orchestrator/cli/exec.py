@@ -106,12 +106,12 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
         raise UsageError(f"{where}: nothing to run: -- CMD, or -f with a run: (commands:)")
     if setup and not t.setup:
         raise UsageError(f"{where}: --setup, but the task has no setup:")
-    base = request.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb)
+    base = request.merge_flags(t, env, secret, workdir, base, path, lines, allow, max_mb, "orch exec")
     for o in output:  # checked as a task's outputs are: inside the working directory
         task.under_workdir(o, "output", "--output")
     if output:
         t.outputs = list(dict.fromkeys([*t.outputs, *output]))
-    task.check(t, path, lines)
+    task.check(t, path, lines, command="orch exec")
     request._say_translation(path, lines, say)
     given = t.model_dump(exclude_unset=True)
     ignored = [key for key in NOT_USED if key in given]

@@ -77,7 +77,7 @@ def add(
     allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
-    from orchestrator import config, cron, reaper_timer, schedule_secrets, scheduling, task
+    from orchestrator import config, credentials, cron, reaper_timer, schedule_secrets, scheduling, task
     from orchestrator import ledger_schedules as ls
 
     t, lines = task.load(file)
@@ -99,8 +99,8 @@ def add(
     cron.zone(tz_name, where)
     win_text, where = pick(window, "window", "--window")
     win = cron.parse_window(win_text, where) if win_text is not None else None
-    price, where = pick(max_price, "max_price", "--max-price")
-    price = _ceiling(price, where)
+    price, price_at = pick(max_price, "max_price", "--max-price")
+    price = _ceiling(price, price_at)
     cost, where = pick(max_cost, "max_cost", "--max-cost")
     cost = _ceiling(cost, where)
     over, where = pick(overlap, "overlap", "--overlap", "skip")
@@ -117,12 +117,15 @@ def add(
     due = c.next_after(now)
     home = config.home()
     allow = list(allow_secret or [])
+    for n in allow:  # one of orch's own credentials, or refused before anything is read or stored
+        credentials.allowed(n, "orch schedule add")
     names = list(dict.fromkeys([*t.secrets, *allow]))
     before = schedule_secrets.read(home, name)[0] if replace else {}  # --replace: what it has, unless exported anew
     values = {n: os.environ.get(n) or before.get(n) or "" for n in names}
     missing = [n for n, v in values.items() if not v]
     if missing:
-        raise UsageError(f"{task.where(file, lines, 'secrets')}: secret {', '.join(missing)} is not set in this "
+        at = task.where(file, lines, "secrets") if set(missing) & set(t.secrets) else "orch schedule add --allow-secret"
+        raise UsageError(f"{at}: secret {', '.join(missing)} is not set in this "
                          "environment: export it and add the schedule again (orch keeps it for this schedule's runs "
                          f"alone in {schedule_secrets.FOLDER}/{name}.json under $ORCH_HOME, 0600; never in the ledger)")
     from orchestrator.jobs import request
@@ -130,13 +133,20 @@ def add(
     # The task file says it all (no `orch run` flag is typed here; the schedule's own are the schedule's),
     # its secrets checked against the values kept for its runs, never put in this process's environment.
     flags = request.Flags(up=task_run.up_defaults(), workdir=workdir, allow_secret=allow,
-                          workdir_max_mb=workdir_max_mb)
+                          workdir_max_mb=workdir_max_mb, command="orch schedule add")
     sub = request.build(c.run_name(name, due), None, file, flags, environ={**os.environ, **values}, say=say)
     req = sub.spec.request
-    if price is not None and (req.cpu or req.offer) and _known_price(sub) is None:
-        what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
-        raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known once "
-                         "rented): drop it, or ask for a GPU")
+    if price is not None and (req.cpu or req.offer):
+        known = _known_price(sub)
+        if known is None:
+            what = "a CPU-only task at a provider that prices it once rented" if req.cpu else "an offer given"
+            raise UsageError(f"--max-price holds a ranked offer's $/hr; {what} has none to rank (its price is known "
+                             "once rented): drop it, or ask for a GPU")
+        known *= max(sub.spec.nodes, 1)  # what the plan holds to the ceiling (``jobs.plan``): the group's $/hr
+        if known > price:  # every run would be skipped: said now, not at each run
+            raise UsageError(f"{price_at}: ${price:g}/hr is below the ${known:.4f}/hr this task is known to cost "
+                             f"({_provider(sub)}'s price, before anything is rented): every run would be skipped; "
+                             f"raise it to at least {known:g}, or drop it")
 
     orch = open_orch()
     if not replace and ls.get(orch.ledger, name) is not None:
@@ -166,13 +176,18 @@ def add(
             "`orch reap` pass by hand)")
 
 
+def _provider(sub) -> str:
+    """The provider a CPU task (or a given offer) rents at, as the plan takes it (``jobs.plan``)."""
+    from orchestrator import plugins
+
+    return (sub.spec.providers or [None])[0] or plugins.default_provider()
+
+
 def _known_price(sub) -> float | None:
     """A CPU task's (or a given offer's) $/hr where its provider knows it before renting (the local provider's)."""
-    from orchestrator import plugins
     from orchestrator.jobs.plan import known_price
 
-    providers = sub.spec.providers or [plugins.default_provider()]
-    return known_price(providers[0], sub.spec.request)
+    return known_price(_provider(sub), sub.spec.request)
 
 
 @schedule_app.command("ls")
@@ -269,4 +284,4 @@ def run(name: str):
     if got.get("watched"):
         say(got["watched"])
     if got["state"] in ("skipped", "failed"):
-        sys.exit(1)
+        sys.exit(got["exit_code"])  # the code `orch run` gives the same refusal (README, "CLI reference")

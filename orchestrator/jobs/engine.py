@@ -306,7 +306,8 @@ def _held(orch, job, step):
         job = orch.ledger.get_job(job.id)
         if job.state in ENDED:
             return job
-        return step(job)
+        with record.hiding(orch, job):  # a schedule's run: its own schedule's values hidden, no other's
+            return step(job)
 
 
 def advance_all(orch) -> list[dict]:

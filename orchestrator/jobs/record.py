@@ -71,6 +71,16 @@ def secret_names(job) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def hiding(orch, job):
+    """A block in which the job's text is hidden with the secrets stored for its schedule too, where
+    it is a schedule's run (``task.hiding``): its own schedule's alone, never another's. This
+    process's environment lacks them (a reaper pass, the watcher, `orch jobs show`)."""
+    from orchestrator import schedule_secrets, task
+
+    stored = schedule_secrets.of_jobs(orch.ledger, orch.home, [job.id]) if secret_names(job) else None
+    return task.hiding(stored or {})
+
+
 def scrub(job, text: str | None) -> str | None:
     """``text`` with every secret of the job that this process holds hidden (``text.redact``)."""
     from orchestrator.task import held_secrets

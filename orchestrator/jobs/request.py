@@ -48,6 +48,7 @@ class Flags:
     workdir_max_mb: float | None = None
     avoid_preempted: bool = False
     given: frozenset = frozenset()
+    command: str = "orch run"  # the command asking, as its refusals name it ("orch schedule add")
 
     def typed(self, key: str) -> bool:
         return key in self.given
@@ -106,11 +107,11 @@ def _from_task(name, command, file, flags: Flags, dry_run, environ, say):
         groups.check_nodes(options["nodes"])
         t.nodes = options["nodes"]
     base = merge_flags(t, flags.env, flags.secret, flags.workdir, base, path, lines, flags.allow_secret or [],
-                       flags.workdir_max_mb)
+                       flags.workdir_max_mb, flags.command)
     if t.run is None and t.train is None:
         raise UsageError(f"{task.where(path, lines) if path else 'orch run'}: nothing to run: give run: (a command) "
                          "or train: (a LibreYOLO training)")
-    task.check(t, path, lines, _dry_run_environ(t, dry_run, say) if dry_run else environ)
+    task.check(t, path, lines, _dry_run_environ(t, dry_run, say) if dry_run else environ, flags.command)
     _say_translation(path, lines, say)
     _warn_gpu_counts(t, path, lines, say)
     name = name or t.name
@@ -137,15 +138,20 @@ def _from_task(name, command, file, flags: Flags, dry_run, environ, say):
     return _command(name, t, path, lines, base, providers, dry_run, flags, say)
 
 
-def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allow=(), max_mb=None) -> Path:
+def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allow=(), max_mb=None,
+                command: str = "orch run") -> Path:
     """``--env``, ``--secret``, ``--allow-secret``, ``--workdir`` and ``--workdir-max-mb`` over a task
     (``orch run``, ``orch exec``, ``orch schedule add``): the flags add to the file's env and
     secrets, and a workdir given is read from here; returns the folder the task's relative paths
     are read from. What a file may not say alone is refused here, with its line: a secret that is
     one of orch's own credentials (``credentials``) without ``--allow-secret NAME``, and a
-    ``workdir_max_mb`` above the default without ``--workdir-max-mb``."""
+    ``workdir_max_mb`` above the default without ``--workdir-max-mb``. ``--allow-secret`` takes
+    only one of orch's own credentials: any other name (a typo of one, a secret of your own, which
+    ``--secret`` or ``secrets:`` gives) is refused, named with ``command``, the command asking."""
     from orchestrator import credentials, task
 
+    for name in allow or ():
+        credentials.allowed(name, command)
     if env:
         t.env.update(task.env_pairs(env))
     from_file = list(t.secrets)
@@ -153,7 +159,7 @@ def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allo
         t.secrets = list(dict.fromkeys(t.secrets + list(secret or []) + list(allow or [])))
     for i, name in enumerate(t.secrets):
         at = task.where(path, lines, "secrets", i) if path is not None and i < len(from_file) else \
-            ("--secret" if name in (secret or []) else "orch run")
+            ("--secret" if name in (secret or []) else f"{command} --allow-secret")
         credentials.refuse(name, allow, at)
     if max_mb is not None:
         if not 0 < max_mb <= 100_000:

@@ -76,8 +76,8 @@ def submit(orch, sub: Submission, dry_run: bool = False, fresh: bool = True) -> 
         return Submitted(choice, engine.start(orch, job, choice))
     from orchestrator import task
 
-    task.hide_too({n: {v} for n, v in sub.secrets.items()})  # whatever the attempt says back: hidden
-    with handing(job.name, sub.secrets):  # to its first launch alone, never this process's environment
+    # to its first launch alone, never this process's environment; whatever the attempt says back: hidden
+    with handing(job.name, sub.secrets), task.hiding(sub.secrets):
         return Submitted(choice, engine.start(orch, job, choice))
 
 

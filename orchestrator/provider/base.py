@@ -6,8 +6,14 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from orchestrator import config
 from orchestrator.errors import ProviderError, UsageError
+from orchestrator.text import nearest
 from orchestrator.provider.model import Capabilities, Offer, Remote, Request, Status
+
+
+# What every provider reads from its settings (``ssh_user``, ``poll_seconds``, below).
+COMMON_SETTINGS = ("ssh_user", "poll_seconds")
 
 
 class Provider(ABC):
@@ -27,6 +33,10 @@ class Provider(ABC):
     # Settings that must be numbers, each with its least value: a typo in config.toml is refused
     # before anything is rented, not found by a crash halfway through.
     numeric_settings: ClassVar[dict[str, float]] = {}
+    # Every other key this provider reads from ``[providers.NAME]``: a key that is neither here, in
+    # ``numeric_settings`` nor in ``COMMON_SETTINGS`` is refused by name with the nearest known one
+    # (a ``prise_per_hour`` would otherwise price everything at $0, and the budget would trust it).
+    other_settings: ClassVar[tuple[str, ...]] = ()
     # Why this provider rents no group (`--nodes N`), said up front where it is no ``RentsGroups``.
     groups_refused: ClassVar[str] = "it declares no private network between its instances"
     # Whether --offer names a CPU instance type too (AWS: region:m6i.large); elsewhere an offer is a GPU's.
@@ -35,12 +45,23 @@ class Provider(ABC):
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         self.settings = settings or {}
         self.home = home
+        known = self.known_settings()
+        for key in self.settings:
+            if key not in known:
+                near = nearest(key, known) or f" (known: {', '.join(sorted(known))})"
+                raise UsageError(f"{config.home() / 'config.toml'}: unknown setting {key!r} under "
+                                 f"[providers.{self.name}]{near}")
         for key, least in self.numeric_settings.items():
             value = self.settings.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not least <= value < float("inf")):
                 raise UsageError(f"[providers.{self.name}] {key} must be a number of at least {least:g}, "
                                  f"not {value!r}")
+
+    @classmethod
+    def known_settings(cls) -> set[str]:
+        """Every key ``[providers.NAME]`` may hold, as the provider declares them."""
+        return {*COMMON_SETTINGS, *cls.numeric_settings, *cls.other_settings}
 
     # -- the verbs ---------------------------------------------------------------------
     @abstractmethod

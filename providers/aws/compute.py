@@ -38,6 +38,9 @@ class AWSProvider(Provider, Stoppable, SelfEnding, RentsGroups, HasVolumes):
                    "or a [providers.aws] section in config.toml")
     login = "ubuntu"  # the Deep Learning AMI's user
     numeric_settings = {"spot_margin": 0, "poll_seconds": 0, "stop_timeout": 0, "destroy_timeout": 0, "retries": 1}
+    other_settings = ("address", "ami", "ami_name", "ami_owner", "cpu_instance_type", "ebs_prices", "metadata_url",
+                      "on_demand_prices", "profile", "region", "regions", "security_group", "shutdown_behavior",
+                      "ssh_cidr")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)

@@ -42,6 +42,7 @@ class LambdaProvider(Provider, RentsGroups, HasVolumes):
     volume_place, shared_volumes = "region", True
     numeric_settings = {"retries": 1, "http_timeout": 0.1, "launch_interval": 0, "poll_seconds": 0,
                         "destroy_timeout": 0, "launch_lookup_seconds": 0, "unhealthy_grace": 0}
+    other_settings = ("api_key", "base_url", "image", "region")
 
     def __init__(self, settings: dict[str, Any] | None = None, home=None):
         super().__init__(settings, home)

@@ -28,6 +28,7 @@ class LocalProvider(Provider, Stoppable, SelfEnding, RentsGroups, LocalVolumes):
     embedded = True
     login = getpass.getuser()
     numeric_settings = {"price_per_hour": 0, "stopped_price_per_hour": 0, "volume_price_gb_month": 0}
+    other_settings = ("metadata_url",)
 
     @cached_property
     def gpus(self) -> list[str]:

@@ -32,6 +32,7 @@ class RunPodProvider(Provider, Stoppable, SelfEnding, HasVolumes, RentsGroups):
     name = "runpod"
     numeric_settings = {"retries": 1, "retry_base": 0, "poll_interval": 0, "container_disk_gb": 1,
                         "destroy_timeout": 0, "container_start_minutes": 0.01, "create_lookup_seconds": 0}
+    other_settings = ("api_key", "cpu_instance", "gpu", "image", "min_cuda")
     # Spot pods are gone: ``podRentInterruptable`` and ``podBidResume`` were removed from the API on
     # 2026-09-11 (runpod/runpodctl PR #267; dstackai/gpuhunt commit 249b01c "runpod will drop its spot
     # pods on September 11th"). ``spot=False``; offers carry no spot price.

@@ -40,6 +40,7 @@ class VastAIProvider(Provider, Stoppable, SelfEnding, HasVolumes):
     numeric_settings = {"max_price_hr": 0, "min_reliability": 0, "min_inet_down": 0, "min_cuda": 0, "spot_margin": 0,
                         "retries": 1, "http_timeout": 0.1, "create_timeout": 0.1, "poll_seconds": 0, "stop_timeout": 0,
                         "destroy_timeout": 0, "direct_ssh_grace": 0.1}
+    other_settings = ("api_key", "image", "server_url")
     capabilities = Capabilities(spot=True, cpu_only=False, gpu=True)
     env_keys = ("VAST_API_KEY", "VAST_URL")
     credentials = "VAST_API_KEY, or api_key under [providers.vastai] in config.toml"
