@@ -32,7 +32,8 @@ class Metadata(ThreadingHTTPServer):
         self.rebalance_at: str | None = None
         self.requests: list[tuple[str, str, bool]] = []
         super().__init__(("127.0.0.1", 0), _Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        # A short poll: shutdown() (each test's end) waits for the loop's next wake, 0.5 s by default.
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     @property
     def url(self) -> str:

@@ -219,7 +219,8 @@ class FakeVast:
         Handler.fake = fake
         self._server = ThreadingHTTPServer((HOST, 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # A short poll: shutdown() (each test's end) waits for the loop's next wake, 0.5 s by default.
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
