@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from orchestrator import remote
-from orchestrator.errors import OrchError
+from orchestrator.errors import OrchError, SSHError
 
 ON_INSTANCE = Path(__file__).resolve().parent / "on_instance"
 MARKER = "ORCH_RESULT "  # the one line of JSON each script answers with
@@ -71,6 +71,11 @@ def script(c, name: str, *args: str, env: dict[str, str] | None = None, python_p
     cmd = " ".join(shlex.quote(a) for a in (python_path or python(c), path, *args))
     command = _with_env(c, cmd, env)
     result = remote.dropped_is_ssh_error(c, lambda: c.run(command, hide=True, warn=True, in_stream=False))
+    if result.exited == -1 and MARKER not in result.stdout:
+        # No exit status (paramiko's -1): the session ended under the script, its process killed
+        # by a signal or its sshd gone (a node destroyed while orch read it). The connection was
+        # lost, as dropped_is_ssh_error says of one that drops: no answer from a live instance.
+        raise SSHError(f"the SSH session to {c.host}:{c.port} ended during {name} with no exit status")
     return answer(result.stdout, f"{name} ({(result.stderr or '').strip()[-300:] or 'no output'})")
 
 

@@ -105,3 +105,21 @@ def test_a_connection_that_ends_during_a_command_is_an_ssh_error_in_one_line(mac
         with pytest.raises(SSHError, match="ended during a command") as e:  # the next command on it
             remote.run(c, "true")
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("machine", ["/bin/bash"], indirect=True)
+def test_a_script_whose_process_is_killed_under_it_is_an_ssh_error_not_a_bad_answer(machine, key):
+    """A node destroyed while orch reads its run (its sshd and the session's processes killed): the
+    session ends with no exit status and no answer. That is the connection lost (an SSHError: the job
+    counts the node unreachable and asks its provider), not an instance that answered badly, which
+    ended `orch run --wait` on a RunPod cluster whose member pod ended under the read."""
+    from orchestrator.errors import OrchError, SSHError
+
+    with connect(machine, key) as c:
+        remote.run(c, "printf '#!/bin/sh\\nkill -9 $$\\n' > /tmp/dies; chmod +x /tmp/dies; "
+                      "printf '#!/bin/sh\\necho broken >&2; exit 1\\n' > /tmp/fails; chmod +x /tmp/fails")
+        with pytest.raises(SSHError, match="ended"):
+            on_host.script(c, "run_status.py", "/nowhere", python_path="/tmp/dies")
+        with pytest.raises(OrchError, match="no answer") as bad:  # it exited, badly: its answer is bad
+            on_host.script(c, "run_status.py", "/nowhere", python_path="/tmp/fails")
+        assert not isinstance(bad.value, SSHError)
