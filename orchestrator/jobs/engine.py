@@ -119,7 +119,7 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
            kept: frozenset = frozenset()):
     """Rent, provision and start attempt ``number`` on ``choice`` (restoring the job's checkpoint
     copy, if any); returns the job, running. Whatever fails after the create destroys what was
-    made (``Orch.up``, ``groups.up``). ``rent``: how the attempt gets its machines instead (a lost
+    made (``groups.up``: one bring-up for 1..N machines). ``rent``: how the attempt gets its machines instead (a lost
     node replaced in its group: ``_replace``), called with the start and returning the head."""
     from orchestrator import groups
     from orchestrator.jobs import group
@@ -150,15 +150,12 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     try:
         if rent is not None:
             inst = rent(start)
-        elif js.nodes > 1:
+        else:  # one machine or a group: one bring-up, the kind launched once every node is ready
             inst = groups.up(orch, name, choice.provider, choice.request, js.nodes, policy=policy,
                              ssh_timeout=js.ssh_timeout, launch=lambda ready: start(ready[0]),
                              prepare=kind.provisioned)[0]
-        else:
-            inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
-                           after_verify=start, prepare=kind.provisioned)
     except BaseException as e:
-        made = orch.ledger.by_name(groups.node_name(name, 0) if js.nodes > 1 else name, live_only=False)
+        made = orch.ledger.by_name(groups.names(name, js.nodes)[0], live_only=False)
         linked = made.id if made is not None and record.utc(made.created_at) >= record.utc(attempt.started_at) - \
             timedelta(seconds=5) else None
         interrupted = isinstance(e, KeyboardInterrupt)
