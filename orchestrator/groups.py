@@ -233,8 +233,6 @@ def down(orch, nodes: list[Instance], reason: str) -> list[Instance]:
 def busy(orch, inst: Instance, is_busy: Callable[[Instance], bool]) -> bool:
     """Whether any other live node of ``inst``'s group is busy (``is_busy``): the reaper's idle
     rules then leave ``inst`` alone, so no node is ended while its group still trains."""
-    if not is_group(inst):
-        return False
     return any(n.id != inst.id and n.state in states.LIVE and is_busy(n) for n in members(orch.ledger, inst))
 
 

@@ -462,25 +462,17 @@ def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
 def _destroy_attempt(orch, job, inst, reason: str) -> str | None:
     """Destroy an attempt's instance (every node of its group) if it still exists; why not, if it
     could not be."""
-    from orchestrator import groups
     from orchestrator.jobs import group
 
     inst = orch.ledger.get(inst.id)
-    if groups.is_group(inst):  # every node, at once: none is left alone (nor billing)
-        try:
-            group.destroy(orch, inst, reason)
-            return None
-        except OrchError as e:
-            note(orch, job, f"could not destroy the group {inst.group_name} ({_why(e)}): the reaper keeps at it, "
-                            "and its cost counts")
-            return _why(e)
-    if inst is None or inst.state not in states.LIVE:
+    if inst is None:
         return None
     try:
-        orch.down(inst, reason)
+        group.destroy(orch, inst, reason)  # every node, at once: none is left alone (nor billing)
         return None
     except OrchError as e:
-        note(orch, job, f"could not destroy {inst.name} ({_why(e)}): the reaper keeps at it, and its cost counts")
+        what = f"the group {inst.group_name}" if inst.group_name else inst.name
+        note(orch, job, f"could not destroy {what} ({_why(e)}): the reaper keeps at it, and its cost counts")
         return _why(e)
 
 
