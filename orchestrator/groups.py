@@ -8,13 +8,16 @@ where a rendezvous listens) and the group's size. Nothing here knows what runs o
 ``group_training``; a user's command), called once every node is ready with the nodes in rank
 order. Every node finds the same variables in its environment (``nodes.node_env``).
 
-- **Up.** Every check first (the name, the size, the provider's ``groups`` capability), then every
-  node's row (before anything can bill), the provider's ``open_group`` (what the nodes share: a rule
-  admitting each other, a placement group) and one ``create_nodes`` call for all of them (EC2's
-  ``MinCount=MaxCount``; one create after another elsewhere, Lambda's included: its launch makes one); then every node's
-  bring-up (SSH, provisioning, the proof) at once, one thread each. The first node that fails calls
-  the others' bring-up off (they are waiting or provisioning, not done), and so does Ctrl-C: every
-  node made so far is destroyed before the error goes on, and nothing bills.
+- **Up.** One bring-up for 1..N machines, ``Orch.up_nodes`` (a machine is a group of one: one
+  ``orch up`` keeps its own name and a row without group fields). Here every check of a group
+  first (the name, the size, the provider's ``groups`` capability), its claim and its nodes' names
+  and fields; there every node's row (before anything can bill), the provider's ``open_group``
+  (what the nodes share: a rule admitting each other, a placement group) and one ``create_nodes``
+  call for all of them (EC2's ``MinCount=MaxCount``; one create after another elsewhere, Lambda's
+  included: its launch makes one); then every node's bring-up (SSH, provisioning, the proof) at
+  once. The first node that fails calls the others' bring-up off (they are waiting or provisioning,
+  not done), and so does Ctrl-C: every node made so far is destroyed before the error goes on, and
+  nothing bills.
 - **One node lost** (``replace_node``): a node is rented in its place, same group, rank and name,
   while its siblings are kept (``jobs.engine`` starts the work again on the whole group).
 - **Down.** Every node destroyed at once, then the provider's ``close_group``.
@@ -28,7 +31,6 @@ from dataclasses import replace
 from typing import Callable
 
 from orchestrator import claims, states
-from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.ledger import Instance, new_id
 from orchestrator.provider import RentsGroups, Request
@@ -137,152 +139,55 @@ def refuse_alone(inst: Instance, verb: str) -> None:
 
 
 # -- up and down ---------------------------------------------------------------------------------
+def names(name: str, nodes: int) -> list[str]:
+    """Each node's instance name, rank order: one machine keeps its own name, a group's are NAME-R."""
+    return [name] if nodes == 1 else [node_name(name, r) for r in range(nodes)]
+
+
 def up(orch, name: str, provider_name: str, request: Request, nodes: int, *, policy: str | None = None,
        ssh_timeout: float | None = None, launch: Callable[[list[Instance]], None] | None = None,
        prepare: Provisioning | None = MACHINE) -> list[Instance]:
-    """Rent ``nodes`` instances as group ``name``, all at once, all or nothing; then ``launch`` on
-    them (rank order). Whatever fails destroys every node; the error says which node and why.
-    ``prepare``: what makes each node ready once SSH answers (``Orch.up``'s; None: reached over SSH
-    only, a command group's setup is its own)."""
-    from orchestrator.lifecycle import check_request
-
+    """Rent ``nodes`` instances of one offer, all at once, all or nothing, through the one bring-up
+    (``Orch.up_nodes``); then ``launch`` on them (rank order). One is the instance ``name``
+    (``Orch.up``: its name's claim, an interrupted one finished); several are group ``name``.
+    Whatever fails destroys every node; the error says which node and why. ``prepare``: what makes
+    each node ready once SSH answers (None: reached over SSH only, a command group's setup is its own)."""
     check_nodes(nodes)
+    if nodes == 1:  # a row as every single machine's: no group fields, its own name
+        return [orch.up(name, provider_name, request, ssh_timeout=ssh_timeout, policy=policy, prepare=prepare,
+                        after_verify=(lambda inst: launch([inst])) if launch else None)]
     check_name(name, nodes)
     provider = orch.provider(provider_name)
-    provider.validate(replace(request, nodes=nodes))  # the group as a whole (a local group shares the GPUs)
     check_provider(provider, nodes, request)
-    provider.require_credentials()
     with claims.hold(orch.ledger, f"group:{name}"):  # a colon: no instance name takes this claim
         _free(orch, name, nodes)
         group = new_id()
-        requests = [replace(request, name=node_name(name, r), group=group, node_rank=r, nodes=nodes,
+        nodes_named = names(name, nodes)
+        requests = [replace(request, name=node, group=group, node_rank=r, nodes=nodes,
                             mounts=request.node_mounts[r] if request.node_mounts else request.mounts)  # its volumes
-                    for r in range(nodes)]
-        for req in requests:
-            check_request(req.name, req)
-        # Every row first, before anything can bill; then what the nodes share; then one launch.
-        rows = [orch.record_new(req.name, provider_name, req, policy,
-                                {"group_id": group, "group_name": name, "node_rank": r, "group_size": nodes})
-                for r, req in enumerate(requests)]
+                    for r, node in enumerate(nodes_named)]
+        orch.check_up(provider_name, replace(request, nodes=nodes), nodes_named, requests)  # the GPUs shared locally
+        fields = [{"group_id": group, "group_name": name, "node_rank": r, "group_size": nodes} for r in range(nodes)]
+        launched: list = []  # the launch's own error goes on as it is
+
+        def launch_all(ready: list[Instance]) -> None:
+            try:
+                launch(ready)
+            except BaseException as e:
+                launched.append(e)
+                raise
+
         try:
-            if isinstance(provider, RentsGroups):  # a group of one needs nothing shared
-                provider.open_group(group, request)
-            made = _create(orch, provider, rows, requests, prepare)
+            return orch.up_nodes(provider_name, nodes_named, requests, policy, fields, ssh_timeout=ssh_timeout,
+                                 launch=launch_all if launch else None, prepare=prepare)
         except BaseException as e:
-            _settle_unmade(orch, provider, group, _why(e), getattr(e, "node_rank", None))
-            _destroy_group(orch, group, f"the group could not be rented: {_why(e)}")
-            if isinstance(e, KeyboardInterrupt):
+            if isinstance(e, KeyboardInterrupt) or launched:
                 raise
             rank = getattr(e, "node_rank", None)
             which = f"node {rank} of {nodes} ({node_name(name, rank)})" if isinstance(rank, int) else f"its {nodes} nodes"
             raise (UsageError if isinstance(e, UsageError) else OrchError)(
                 f"group {name}: {which} could not be had ({_why(e)}); the nodes made were destroyed: nothing of "
                 "the group bills") from e
-        ready = _bring_up(orch, provider, name, group, made, ssh_timeout)
-        if launch is not None:
-            try:
-                launch(ready)
-            except BaseException as e:
-                _destroy_group(orch, group, f"the launch on the group failed: {_why(e)}")
-                raise
-        return [orch.ledger.get(i.id) for i in ready]
-
-
-def _create(orch, provider, rows: list[Instance], requests: list[Request],
-            prepare: Provisioning | None) -> list[Instance]:
-    """Every node made in one call (``RentsGroups.create_nodes``: EC2's MinCount=MaxCount; Lambda's
-    one launch per node), each row then ``provisioning``; a failure after which the provider may have made some
-    is settled by ``_destroy_group`` (each label looked up)."""
-    from orchestrator import config
-    from orchestrator.kill_points import kill_point
-
-    _, public_key = config.ssh_key()
-    orch.say(f"[1/4] renting {len(rows)} nodes on {provider.name} as {rows[0].label} ...")
-    kill_point("before-create")
-    if isinstance(provider, RentsGroups):
-        remotes = provider.create_nodes(requests, [r.label for r in rows], public_key)
-    else:
-        remotes = [provider.create(req, row.label, public_key) for req, row in zip(requests, rows)]
-    kill_point("create-returned")
-    if len(remotes) != len(rows):
-        raise OrchError(f"{provider.name} made {len(remotes)} of the group's {len(rows)} nodes")
-    return [orch.created(row, provider, remote, prepare=prepare) for row, remote in zip(rows, remotes)]
-
-
-def _settle_unmade(orch, provider, group: str, why: str, failed_rank: int | None) -> None:
-    """After a failed group create: a node the provider never made is ``failed`` (nothing bills);
-    one it made (before ``failed_rank``, where the provider says which failed) is left to
-    ``_destroy_group``, and so is a node whose lookup fails (its destroy looks again, reconcile after)."""
-    from orchestrator.errors import ProviderError
-
-    for node in _by_id(orch.ledger, group):
-        if node.state != states.REQUESTED or node.provider_id:
-            continue
-        if failed_rank is not None and (node.node_rank or 0) < failed_rank:
-            continue
-        try:
-            found = provider.find(node.label)
-        except ProviderError:
-            continue
-        if found is None:
-            orch.move(node, states.FAILED, f"create failed: {why}")
-
-
-def _bring_up(orch, provider, name: str, group: str, made: list[Instance], ssh_timeout: float | None) -> list[Instance]:
-    """Every node from created to ready, one thread each. The first failure calls the others off
-    at once (their waits check ``halted``), and Ctrl-C does the same: every node made so far is
-    destroyed before the error goes on, so nothing of the group bills."""
-    import threading
-
-    halt: list[str] = []  # why the bring-up was called off: set once, by the first failure or Ctrl-C
-    first: list[int] = []  # the rank whose own failure called it off
-    lock = threading.Lock()
-    results: list = [None] * len(made)
-    errors: list = [None] * len(made)
-
-    done = [threading.Event() for _ in made]  # not Thread.join: one interrupted by Ctrl-C can return early (3.11)
-
-    def bring(rank: int) -> None:
-        node = made[rank]
-        mine = replace(orch, say=lambda m, node=node.name: orch.say(f"[{node}] {m}"))
-        try:
-            results[rank] = mine.bring_up(node, provider, ssh_timeout, halted=lambda: halt[0] if halt else None)
-        except BaseException as e:  # noqa: BLE001 - judged by the caller's thread
-            errors[rank] = e
-            with lock:
-                if not halt:
-                    first.append(rank)
-                    halt.append(f"node {rank} of the group failed ({_why(e)}): its bring-up was called off")
-        finally:
-            done[rank].set()
-
-    threads = [threading.Thread(target=bring, args=(r,), name=f"orch-node-{r}", daemon=True)
-               for r in range(len(made))]
-    interrupted: BaseException | None = None
-    try:
-        with par.ctrl_c_held():  # every node's thread starts, or Ctrl-C would leave one never begun
-            for t in threads:
-                t.start()
-        for d in done:
-            while not d.wait(0.2):
-                pass
-    except KeyboardInterrupt as e:  # Ctrl-C: every node's bring-up called off, then all destroyed
-        interrupted = e
-        with lock:
-            halt.insert(0, "interrupted (Ctrl-C): the group's bring-up was called off")
-        for d in done:  # each node destroys itself as it stops (its provisioning step ends first)
-            d.wait(600)
-    if interrupted is not None:
-        _destroy_group(orch, group, "interrupted (Ctrl-C) while the group came up")
-        raise interrupted
-    if first:
-        rank, error = first[0], errors[first[0]]
-        _destroy_group(orch, group, f"node {rank} of {len(made)} could not be had: {_why(error)}")
-        if isinstance(error, KeyboardInterrupt):
-            raise error
-        raise OrchError(f"group {name}: node {rank} of {len(made)} ({node_name(name, rank)}) could not be had "
-                        f"({_why(error)}); the other nodes were destroyed: nothing of the group bills")
-    return [orch.ledger.get(i.id) for i in results]
 
 
 def replace_node(orch, lost: Instance, request: Request, *, policy: str | None = None,
@@ -312,52 +217,23 @@ def _free(orch, name: str, nodes: int) -> None:
     taken = orch.ledger.by_name(name)
     if taken is not None:
         raise UsageError(f"an instance named {name!r} already exists ({taken.state})")
-    for rank in range(nodes):
-        taken = orch.ledger.by_name(node_name(name, rank))
+    for rank, node in enumerate(names(name, nodes)):
+        taken = orch.ledger.by_name(node)
         if taken is not None:
             raise UsageError(f"an instance named {taken.name!r} already exists ({taken.state}): the group's node "
                              f"{rank} would take that name")
 
 
-def _destroy_group(orch, group: str, reason: str) -> None:
-    nodes = _by_id(orch.ledger, group)
-    down(orch, nodes, reason)
-
-
-def _by_id(ledger, group: str) -> list[Instance]:
-    from sqlmodel import select
-
-    with ledger.session(write=False) as s:
-        return sorted(s.exec(select(Instance).where(Instance.group_id == group)), key=lambda i: i.node_rank or 0)
-
-
 def down(orch, nodes: list[Instance], reason: str) -> list[Instance]:
-    """Destroy every node at once; then what the provider made for the group. Raises when a node
-    could not be destroyed (after trying them all: the others are gone)."""
-    live_nodes = [n for n in nodes if orch.ledger.get(n.id).state in states.LIVE]
-    # Gathered: a node that could not be destroyed stops none of the others.
-    outcomes = par.each(lambda node: orch.down(orch.ledger.get(node.id), reason), live_nodes, len(live_nodes))
-    errors = [(node, e) for node, (_, e) in zip(live_nodes, outcomes) if e is not None]
-    if errors:
-        node, error = errors[0]
-        raise OrchError(f"could not destroy {node.name} ({_why(error)}): it may bill; `orch down "
-                        f"{node.group_name or node.name}` again")
-    provider = orch.provider(nodes[0].provider) if nodes and nodes[0].group_id else None
-    if isinstance(provider, RentsGroups):
-        try:
-            provider.close_group(nodes[0].group_id)
-        except OrchError as e:
-            orch.say(f"orch: warning: the group's shared resources at {nodes[0].provider} were not removed "
-                     f"({_why(e)}); nothing there bills, `orch reconcile` tries again")
-    return [orch.ledger.get(n.id) for n in nodes]
+    """Destroy every node at once; then what the provider made for the group (``Orch.down_all``).
+    Raises when a node could not be destroyed (after trying them all: the others are gone)."""
+    return orch.down_all(nodes, reason)
 
 
 # -- one group, one decision ---------------------------------------------------------------------
 def busy(orch, inst: Instance, is_busy: Callable[[Instance], bool]) -> bool:
     """Whether any other live node of ``inst``'s group is busy (``is_busy``): the reaper's idle
     rules then leave ``inst`` alone, so no node is ended while its group still trains."""
-    if not is_group(inst):
-        return False
     return any(n.id != inst.id and n.state in states.LIVE and is_busy(n) for n in members(orch.ledger, inst))
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from orchestrator import claims, config, reach, states
 from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, StartRefused, UsageError
 from orchestrator.instance_ops import InstanceOps
 from orchestrator.kill_points import kill_point
-from orchestrator.provider import Provider, Remote, Request, Status, Stoppable, can_stop
+from orchestrator.provider import Provider, Remote, RentsGroups, Request, Status, Stoppable, can_stop
 from orchestrator.provisioning import MACHINE, Provisioning, recalled, remembered
 from orchestrator.text import why as _why
 
@@ -116,37 +117,224 @@ class Orch(InstanceOps):
             orch.say(f"orch: warning: {warning}")
         return orch
 
-    # -- up ----------------------------------------------------------------------------
+    # -- up: one path for 1..N machines ---------------------------------------------------
     @claims.exclusive
     def up(self, name: str, provider_name: str, request: Request, ssh_timeout: float | None = None,
            policy: str | None = None, after_verify: Callable[[Instance], None] | None = None,
            prepare: Provisioning | None = MACHINE, group: dict | None = None,
            halted: Callable[[], str | None] | None = None) -> Instance:
-        """Rent, wait for SSH, provision as ``prepare`` says and verify (None: reached over SSH only,
-        as ``orch check`` and a command job want), arm the watchdog. What fails after the create destroys.
-        ``group``: the node's group fields on its row (a replacement node, ``groups.replace``);
+        """One machine: ``up_nodes`` for a group of one, under its name's claim. Rent, wait for SSH,
+        provision as ``prepare`` says and verify (None: reached over SSH only, as ``orch check`` and a
+        command job want), ``after_verify``, arm the watchdog. What fails after the create destroys.
+        An interrupted ``orch up NAME`` is finished by the next one (``reconcile.leftover``).
+        ``group``: the node's group fields on its row (a replacement node, ``groups.replace_node``);
         ``halted``: why the bring-up is called off (``bring_up``), asked before anything is rented too."""
-        check_request(name, request)
+        from orchestrator.reconcile import leftover
+
+        self.check_up(provider_name, request, [name], [request], halted)
+        inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left
+        if inst is not None:
+            self.say(f"[1/4] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an interrupted `orch up`")
+        launch = (lambda ready: after_verify(ready[0])) if after_verify else None
+        return self.up_nodes(provider_name, [name], [request], policy, [group or {}], ssh_timeout=ssh_timeout,
+                             launch=launch, prepare=prepare, halted=halted,
+                             made=[inst] if inst is not None else None)[0]
+
+    def check_up(self, provider_name: str, whole: Request, names: list[str], requests: list[Request],
+                 halted: Callable[[], str | None] | None = None) -> Provider:
+        """Every node's name and request checked, and the provider's word on the rental as a whole
+        (``whole``: a local group shares the GPUs), before anything is made."""
+        for name, req in zip(names, requests):
+            check_request(name, req)
         provider = self.provider(provider_name)
-        provider.validate(request)
+        provider.validate(whole)
         provider.require_credentials()
         why = halted() if halted else None
         if why:
             raise OrchError(why)
-        from orchestrator.reconcile import leftover
+        return provider
 
-        inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left
-        if inst is not None:
-            self.say(f"[1/4] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an interrupted `orch up`")
-        else:
-            _, public_key = config.ssh_key()
-            inst = self.record_new(name, provider_name, request, policy, group)
-            self.say(f"[1/4] renting on {provider_name} as {inst.label}")
-            kill_point("before-create")
-            remote = self._create(provider, inst, request, public_key)
+    def up_nodes(self, provider_name: str, names: list[str], requests: list[Request], policy: str | None,
+                 fields: list[dict], *,
+                 ssh_timeout: float | None = None, launch: Callable[[list[Instance]], None] | None = None,
+                 prepare: Provisioning | None = MACHINE, halted: Callable[[], str | None] | None = None,
+                 made: list[Instance] | None = None) -> list[Instance]:
+        """The one bring-up, for 1..N machines of one offer (SkyPilot's ``run_instances`` with a
+        count: a machine is a group of one). ``names``, ``requests`` and ``fields`` (each row's
+        group fields) in rank order. Every row first, before anything can bill; one create for them all; every
+        node from created to ready at once, called off together at the first failure or Ctrl-C;
+        then ``launch`` once, on every node (rank order), before rank 0's watchdog is armed.
+        Whatever fails destroys every node made and raises the failing node's own error
+        (``node_rank`` on it). ``made``: rows an interrupted ``orch up`` left, created already."""
+        provider = self.provider(provider_name)
+        rows = made or self._rent(provider_name, provider, names, requests, policy, fields, prepare)
+        return self._bring_up_all(provider, rows, ssh_timeout, launch, halted)
+
+    def _rent(self, provider_name: str, provider: Provider, names: list[str], requests: list[Request],
+              policy: str | None, fields: list[dict], prepare: Provisioning | None) -> list[Instance]:
+        """Every row (``requested``), then one create for every node, each row then ``provisioning``.
+        A failure after the provider may have made some destroys what it made."""
+        rows = [self.record_new(name, provider_name, req, policy, f) for name, req, f in zip(names, requests, fields)]
+        several = f"{len(rows)} nodes " if len(rows) > 1 else ""  # the line names the count of a group only
+        self.say(f"[1/4] renting {several}on {provider_name} as {rows[0].label}{' ...' if several else ''}")
+        kill_point("before-create")
+        remotes = self._create_all(provider, rows, requests)
+        try:
             kill_point("create-returned")
-            inst = self.created(inst, provider, remote, prepare)
-        return self.bring_up(inst, provider, ssh_timeout, after_verify, halted)
+            return [self.created(row, provider, remote, prepare) for row, remote in zip(rows, remotes)]
+        except BaseException as e:
+            self._down_made(rows, f"the create could not finish: {_why(e)}")
+            raise
+
+    def _create_all(self, provider: Provider, rows: list[Instance], requests: list[Request]) -> list[Remote]:
+        """One call makes every node. One machine is the provider's ``create`` (``_create``: its
+        label looked up when it errs); several are ``RentsGroups.create_nodes`` after ``open_group``
+        (EC2's MinCount=MaxCount; Lambda's one launch per node), each label then looked up
+        (``_settle_unmade``) and what was made destroyed before the error goes on."""
+        _, public_key = config.ssh_key()
+        if len(rows) == 1:
+            return [self._create(provider, rows[0], requests[0], public_key)]
+        try:
+            provider.open_group(rows[0].group_id, requests[0])
+            remotes = provider.create_nodes(requests, [r.label for r in rows], public_key)
+            if len(remotes) != len(rows):
+                raise OrchError(f"{provider.name} made {len(remotes)} of the group's {len(rows)} nodes")
+        except BaseException as e:
+            self._settle_unmade(provider, rows, _why(e), getattr(e, "node_rank", None))
+            self._down_made(rows, f"the group could not be rented: {_why(e)}")
+            raise
+        return remotes
+
+    def _settle_unmade(self, provider: Provider, rows: list[Instance], why: str, failed_rank: int | None) -> None:
+        """After a failed group create: a node the provider never made is ``failed`` (nothing bills);
+        one it made (before ``failed_rank``, where the provider says which failed) is left to
+        ``_down_made``, and so is a node whose lookup fails (its destroy looks again, reconcile after)."""
+        for node in (self.ledger.get(r.id) for r in rows):
+            if node.state != states.REQUESTED or node.provider_id:
+                continue
+            if failed_rank is not None and (node.node_rank or 0) < failed_rank:
+                continue
+            try:
+                found = provider.find(node.label)
+            except ProviderError:
+                continue
+            if found is None:
+                self.move(node, states.FAILED, f"create failed: {why}")
+
+    def _bring_up_all(self, provider: Provider, made: list[Instance], ssh_timeout: float | None,
+                      launch: Callable[[list[Instance]], None] | None,
+                      halted: Callable[[], str | None] | None) -> list[Instance]:
+        """Every node from created to ready: rank 0 on this thread (where Ctrl-C arrives: it ends
+        its step at once), the others one thread each. The first failure calls the others off (their
+        waits check ``halt``), and so does Ctrl-C; every node made is destroyed before the error goes
+        on, so nothing bills. ``launch`` runs on this thread once every node is ready."""
+        import threading
+
+        from orchestrator import parallel as par
+
+        halt: list[str] = []  # why the bring-up was called off: set once, by the first failure or Ctrl-C
+        first: list[int] = []  # the rank whose own failure called it off
+        lock = threading.Lock()
+        results: list = [None] * len(made)
+        errors: list = [None] * len(made)
+        done = [threading.Event() for _ in made]  # not Thread.join: one interrupted by Ctrl-C can return early (3.11)
+        began: list = []  # rank 0's bring-up began (on this thread)
+
+        def stop_why() -> str | None:
+            return halt[0] if halt else (halted() if halted else None)
+
+        def launch_on_all(head: Instance) -> None:  # rank 0's after_verify: once every other node is ready
+            for d in done[1:]:
+                while not d.wait(0.2):
+                    pass
+            why = stop_why()
+            if why:
+                raise OrchError(why)
+            if launch is not None:
+                launch([head] + [self.ledger.get(i.id) for i in results[1:]])
+
+        def bring(rank: int) -> None:
+            node = made[rank]
+            # A group's lines say which node speaks; one machine's are its own.
+            mine = replace(self, say=lambda m, node=node.name: self.say(f"[{node}] {m}")) if len(made) > 1 else self
+            try:
+                results[rank] = mine.bring_up(node, provider, ssh_timeout, halted=stop_why,
+                                              after_verify=launch_on_all if rank == 0 else None)
+            except BaseException as e:
+                errors[rank] = e
+                with lock:
+                    if not halt:
+                        first.append(rank)
+                        halt.append(f"node {rank} of the group failed ({_why(e)}): its bring-up was called off")
+                if rank == 0:
+                    raise
+            finally:
+                done[rank].set()
+
+        threads = [threading.Thread(target=bring, args=(r,), name=f"orch-node-{r}", daemon=True)
+                   for r in range(1, len(made))]
+        try:
+            with par.ctrl_c_held():  # every node's thread starts, or Ctrl-C would leave one never begun
+                for t in threads:
+                    t.start()
+            began.append(0)
+            bring(0)
+        except BaseException as e:
+            interrupted = isinstance(e, KeyboardInterrupt)
+            with lock:
+                if interrupted:
+                    halt.insert(0, "interrupted (Ctrl-C): the group's bring-up was called off")
+            for r, d in enumerate(done):  # each node destroys itself as it stops (its provisioning step ends first)
+                if r or began:  # rank 0's bring-up, on this thread, may never have begun (Ctrl-C before it)
+                    d.wait(600)
+            rank = 0 if interrupted or not first else first[0]
+            error = e if interrupted else errors[rank]
+            self._down_made(made, "interrupted (Ctrl-C) while it came up" if interrupted else
+                            f"node {rank} of {len(made)} could not be had: {_why(error)}")
+            if not isinstance(error, KeyboardInterrupt):
+                error.node_rank = rank  # which node's error it is (``groups.up`` names it)
+            if error is e:
+                raise
+            raise error from None
+        return [self.ledger.get(i.id) for i in results]
+
+    def _down_made(self, rows: list[Instance], reason: str) -> None:
+        """Every live node of ``rows`` destroyed at once, then what the provider made for their group
+        (``groups.down``, which this is)."""
+        self.down_all([self.ledger.get(r.id) for r in rows], reason)
+
+    def down_all(self, nodes: list[Instance], reason: str) -> list[Instance]:
+        """Destroy every node at once; then what the provider made for the group. Raises when a node
+        could not be destroyed (after trying them all: the others are gone)."""
+        from orchestrator import parallel as par
+
+        live_nodes = [n for n in nodes if self.ledger.get(n.id).state in states.LIVE]
+        # Gathered: a node that could not be destroyed stops none of the others.
+        outcomes = par.each(lambda node: self.down(self.ledger.get(node.id), reason), live_nodes, len(live_nodes))
+        errors = [(node, e) for node, (_, e) in zip(live_nodes, outcomes) if e is not None]
+        if errors:
+            node, error = errors[0]
+            raise OrchError(f"could not destroy {node.name} ({_why(error)}): it may bill; `orch down "
+                            f"{node.group_name or node.name}` again")
+        group = nodes[0].group_id if nodes else None
+        provider = self.provider(nodes[0].provider) if group and not self._group_lives(group) else None
+        if isinstance(provider, RentsGroups):  # what its nodes shared, once none of them lives
+            try:
+                provider.close_group(nodes[0].group_id)
+            except OrchError as e:
+                self.say(f"orch: warning: the group's shared resources at {nodes[0].provider} were not removed "
+                         f"({_why(e)}); nothing there bills, `orch reconcile` tries again")
+        return [self.ledger.get(n.id) for n in nodes]
+
+    def _group_lives(self, group: str) -> bool:
+        """Whether a node of ``group`` is live (a lone replacement's failure leaves its siblings)."""
+        from sqlmodel import select
+
+        from orchestrator.ledger import Instance
+
+        with self.ledger.session(write=False) as s:
+            return s.exec(select(Instance.id).where(Instance.group_id == group,
+                                                    Instance.state.in_(states.LIVE))).first() is not None
 
     def record_new(self, name: str, provider_name: str, request: Request, policy: str | None,
                    group: dict | None = None) -> Instance:

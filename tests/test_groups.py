@@ -354,3 +354,42 @@ def test_a_groups_hourly_price_counts_the_nodes_that_bill_not_one_it_replaced(or
     shown = run_orch("status", "--all", check=0).stdout
     [line] = [x for x in shown.splitlines() if x.startswith("g-a1 ")]
     assert "2 nodes  2.000" in line, shown
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as_for_a_group(orch_home, nodes):
+    """Ctrl-C lands just after the provider made the machines, before their rows say so (here:
+    while their prices are read). One machine (`orch up NAME`: ``Orch.up``) is a group of one:
+    what was made is destroyed for it too (it was left running, recorded `requested`, until a
+    reconcile or a repeated `orch up`)."""
+    from orchestrator import groups, plugins, states
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.lifecycle import Orch
+    from orchestrator.provider import Request
+    from providers.local import LocalProvider
+
+    class Interrupted(LocalProvider):
+        name = "interrupted"
+
+        def prices(self, remote):
+            raise KeyboardInterrupt  # the user's Ctrl-C, as it reaches the main thread
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(Interrupted)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        orch = Orch.open(say=lambda m: None)
+        with pytest.raises(KeyboardInterrupt):
+            if nodes == 1:
+                orch.up("cut", "interrupted", Request(name="cut", cpu=True))
+            else:
+                groups.up(orch, "cut", "interrupted", Request(name="cut", cpu=True), nodes)
+        rows = orch.ledger.instances()
+        assert len(rows) == nodes and {i.state for i in rows} == {states.DESTROYED}, [(i.name, i.state) for i in rows]
+        assert not any((orch_home / "local").iterdir()), "a machine made is still there: it would bill"
+    finally:
+        plugins.manager().unregister(plugin)

@@ -119,7 +119,7 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
            kept: frozenset = frozenset()):
     """Rent, provision and start attempt ``number`` on ``choice`` (restoring the job's checkpoint
     copy, if any); returns the job, running. Whatever fails after the create destroys what was
-    made (``Orch.up``, ``groups.up``). ``rent``: how the attempt gets its machines instead (a lost
+    made (``groups.up``: one bring-up for 1..N machines). ``rent``: how the attempt gets its machines instead (a lost
     node replaced in its group: ``_replace``), called with the start and returning the head."""
     from orchestrator import groups
     from orchestrator.jobs import group
@@ -150,15 +150,12 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     try:
         if rent is not None:
             inst = rent(start)
-        elif js.nodes > 1:
+        else:  # one machine or a group: one bring-up, the kind launched once every node is ready
             inst = groups.up(orch, name, choice.provider, choice.request, js.nodes, policy=policy,
                              ssh_timeout=js.ssh_timeout, launch=lambda ready: start(ready[0]),
                              prepare=kind.provisioning())[0]
-        else:
-            inst = orch.up(name, choice.provider, choice.request, ssh_timeout=js.ssh_timeout, policy=policy,
-                           after_verify=start, prepare=kind.provisioning())
     except BaseException as e:
-        made = orch.ledger.by_name(groups.node_name(name, 0) if js.nodes > 1 else name, live_only=False)
+        made = orch.ledger.by_name(groups.names(name, js.nodes)[0], live_only=False)
         linked = made.id if made is not None and record.utc(made.created_at) >= record.utc(attempt.started_at) - \
             timedelta(seconds=5) else None
         interrupted = isinstance(e, KeyboardInterrupt)
@@ -466,25 +463,17 @@ def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
 def _destroy_attempt(orch, job, inst, reason: str) -> str | None:
     """Destroy an attempt's instance (every node of its group) if it still exists; why not, if it
     could not be."""
-    from orchestrator import groups
     from orchestrator.jobs import group
 
     inst = orch.ledger.get(inst.id)
-    if groups.is_group(inst):  # every node, at once: none is left alone (nor billing)
-        try:
-            group.destroy(orch, inst, reason)
-            return None
-        except OrchError as e:
-            note(orch, job, f"could not destroy the group {inst.group_name} ({_why(e)}): the reaper keeps at it, "
-                            "and its cost counts")
-            return _why(e)
-    if inst is None or inst.state not in states.LIVE:
+    if inst is None:
         return None
     try:
-        orch.down(inst, reason)
+        group.destroy(orch, inst, reason)  # every node, at once: none is left alone (nor billing)
         return None
     except OrchError as e:
-        note(orch, job, f"could not destroy {inst.name} ({_why(e)}): the reaper keeps at it, and its cost counts")
+        what = f"the group {inst.group_name}" if inst.group_name else inst.name
+        note(orch, job, f"could not destroy {what} ({_why(e)}): the reaper keeps at it, and its cost counts")
         return _why(e)
 
 

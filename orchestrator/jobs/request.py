@@ -214,8 +214,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, flags: Flags,
     check_ssh_timeout(options.get("ssh_timeout"))
     request = request_from(name, gpu=res.gpu, gpus=res.gpus, cpu=res.cpu, disk=res.disk, image=res.image,
                            spot=res.spot, bid=res.bid, offer=options.get("offer"))
-    if t.nodes > 1:  # a group: every provider it may rent on can (checked before anything is made)
-        providers = group_providers(name, t.nodes, providers, request)
+    providers = group_providers(name, t.nodes, providers, request)  # checked before anything is made
     if request.cpu or request.offer:  # nothing to rank: the provider that rents says now what it cannot (--cpu --spot)
         renter(providers[0] if providers else plugins.default_provider()).validate(request)
     from orchestrator.jobs.record import refuse_taken
@@ -312,8 +311,7 @@ def _training(name, provider, max_cost, max_hours, retries, keep, max_price, opt
         say(f"no GPU on this machine and no provider key: job {name} trains on a CPU instance of "
             f"{plugins.default_provider()} (a provider's key, --provider or --gpu choose otherwise)")
     nodes = options["nodes"]
-    if nodes > 1:
-        providers = group_providers(name, nodes, providers, request)
+    providers = group_providers(name, nodes, providers, request)
     for p in named:
         need_credentials(p)  # unknown, wrong settings, or without its key: refused before anything is made
     refuse_spot_on(named, request.spot)
@@ -494,11 +492,14 @@ def _no_training_flags(train_arg, push_to, save_period, imgsz, batch, epochs, mo
 
 
 def group_providers(name: str, nodes: int, providers: list[str], request) -> list[str]:
-    """A group job: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent
-    a group (each one named is asked; none named: those that can, and the default for a CPU job)."""
+    """The providers a job on ``nodes`` machines may rent on: one machine, those named (none: any).
+    A group: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent a
+    group (each one named is asked; none named: those that can, and the default for a CPU job)."""
     from orchestrator import groups, jobs, plugins
     from orchestrator.provider import RentsGroups
 
+    if nodes <= 1:  # any provider rents one machine (a count out of range is refused with its own line)
+        return providers
     longest = jobs.MAX_GROUP_JOB_NAME
     if len(name) > longest:
         raise UsageError(f"a job on --nodes {nodes} has a name of at most {longest} characters (its nodes are "

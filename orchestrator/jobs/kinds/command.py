@@ -278,16 +278,16 @@ def read(orch, inst, run) -> dict:
     """The command's state as ``runs.read`` gives a training's, with ``exit_code`` and ``phase``.
     On a group, every node's command counts: the job completes when each exited 0, and fails on the
     first node (lowest rank) that exited otherwise, named with its rank and its log's last lines."""
-    from orchestrator import groups, runs
+    from orchestrator import runs
     from playbooks import runs as run_tasks
 
     with orch.connect(inst) as c:
         raw = run_tasks.status(c, run.run_dir, run.pid)
     view = runs.digest(orch, run, raw)
     _exit_of(orch, run, raw, view)
-    if not groups.is_group(inst) or view["exit_code"] not in (0, None):
+    if view["exit_code"] not in (0, None):
         return view
-    others = _other_nodes(orch, inst)
+    others = _other_nodes(orch, inst)  # one machine has none
     if view["exit_code"] == 0 and others["running"]:
         view["state"] = "running"  # the head is done; the job waits for every node
     if others["failed"] is not None:
@@ -447,9 +447,9 @@ def node_logs(orch, head, dest: Path, secret_names) -> list[str]:
 
     got = []
     values, missing = held_secrets(secret_names)
-    if not groups.is_group(head) or missing:  # a log may show a secret this process could not hide
+    if missing:  # a log may show a secret this process could not hide
         return got
-    for node in groups.members(orch.ledger, head):
+    for node in groups.members(orch.ledger, head):  # one machine has no other node
         run = orch.ledger.latest_run(node.id)
         if node.id == head.id or node.state != states.READY or run is None or not run.run_dir:
             continue
