@@ -32,7 +32,7 @@ def timed(call, runs: int) -> float:
 
 
 def main() -> None:
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
     from playbooks.on_instance import checkpoint
 
     ap = argparse.ArgumentParser()

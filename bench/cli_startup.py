@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 def fill(home: Path, n: int) -> None:
     os.environ["ORCH_HOME"] = str(home)
     from orchestrator import states
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     ledger = Orch.open().ledger
     for i in range(n):

@@ -42,8 +42,8 @@ def fill(home: Path, n: int, settled: bool = False) -> None:
     from sqlalchemy import insert
 
     from orchestrator import states
-    from orchestrator.ledger import Event, Instance, Run
-    from orchestrator.lifecycle import Orch
+    from orchestrator.ledger.ledger import Event, Instance, Run
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import label_for
 
     ledger = Orch.open().ledger

@@ -64,7 +64,7 @@ def one(mode: str, nodes: int, setup: float, steps: int) -> dict:
     os.environ["ORCH_HOME"] = env["ORCH_HOME"]
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "-f", str(work / "task.yaml"), "--wait",
                              "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     orch = Orch.open(say=lambda m: None)
     deadline = time.monotonic() + 600

@@ -1,6 +1,6 @@
 """Time to a ready 2-node group (`orch up NAME --nodes 2`) against one `orch up`, in the same run.
 
-A group's nodes come up in parallel (``orchestrator/groups.py``): the target is at most 1.5x the
+A group's nodes come up in parallel (``orchestrator/instances/groups.py``): the target is at most 1.5x the
 time of one instance. Local instances (each a real sshd on a loopback address of its own, the real
 provisioning probe and verify matmul), CPU, no training; alternating single and group, ``--rounds``
 of each, a fresh ORCH_HOME per round. Every command is a separate `orch` process, as a user runs it.

@@ -86,8 +86,8 @@ def main() -> int:
         (home / "config.toml").write_text(config_toml(runpod, vast))
         env = {"ORCH_HOME": str(home), "RUNPOD_API_BASE_URL": runpod.url, "HOME": str(tmp)}
         os.environ.update(env)
-        from orchestrator import offers
-        from orchestrator.lifecycle import Orch
+        from orchestrator.money import offers
+        from orchestrator.instances.lifecycle import Orch
 
         orch = Orch.open(say=lambda m: None)
 

@@ -35,8 +35,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["ORCH_HOME"] = str(Path(tmp) / "orch")
         os.environ["ORCH_WATCHDOG"] = "off"
-        from orchestrator import reaper, reconcile
-        from orchestrator.lifecycle import Orch
+        from orchestrator.reaper import reaper
+        from orchestrator.instances import reconcile
+        from orchestrator.instances.lifecycle import Orch
         from tests.clouds import arrange
 
         orch = Orch.open(say=lambda m: None)

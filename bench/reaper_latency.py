@@ -122,7 +122,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:  # the controller's reaper only: each mode is a training of its own
         args.idle_minutes, args.interval, args.only = 0.1, 2.0, args.only or "reaper"
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         base = Path(tmp)

@@ -47,7 +47,7 @@ def orch(*args: str, home: Path) -> str:
 
 def noise_dataset(dest: Path, images: int, size: int) -> int:
     """A YOLO dataset of ``images`` noise PNGs (a box each); returns its bytes."""
-    from orchestrator.dataset import _png
+    from orchestrator.tasks.dataset import _png
 
     rng = random.Random(0)
     total = 0

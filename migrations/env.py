@@ -1,7 +1,7 @@
 from alembic import context
 from sqlmodel import SQLModel
 
-import orchestrator.ledger  # noqa: F401  (registers the tables on SQLModel.metadata)
+import orchestrator.ledger.ledger  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 # The connection comes from Ledger.upgrade already inside a transaction that holds the ledger's
 # write lock: alembic then runs every migration in it (an "external transaction") and the caller

@@ -129,8 +129,8 @@ def _target(provider) -> Request:
 
 
 def _live(orch, provider, report: Report, step, end: float) -> None:
-    from orchestrator import cost
-    from orchestrator.policy import Policy
+    from orchestrator.money import cost
+    from orchestrator.money.policy import Policy
     from playbooks import host
 
     holder: dict = {}
@@ -153,7 +153,7 @@ def _live(orch, provider, report: Report, step, end: float) -> None:
         with orch.connect(inst) as c:
             pid = host.detach(c, ["sleep", "3600"], "/dev/null")
         with orch.connect(inst) as c:  # a new session: the first one has ended
-            from orchestrator import remote
+            from orchestrator.ssh import remote
 
             alive = remote.run(c, f"kill -0 {pid} 2>/dev/null && echo alive", check=False).strip()
             remote.run(c, f"kill {pid}", check=False)

@@ -128,7 +128,7 @@ def _check_budget(budget: dict, path: Path) -> None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
                 raise UsageError(f"{path}: budget.{key} must be a $ amount above 0")
         elif key == "timezone":
-            from orchestrator import cron
+            from orchestrator.schedules import cron
 
             cron.zone(value, f"{path}: budget.timezone")
         else:

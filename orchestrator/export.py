@@ -150,7 +150,7 @@ def gpu_name(platform_name: str, wanted: str | None, count: int) -> str:
 
 def check_data(data: str | None) -> tuple[str, str]:
     """An hf:// dataset (ORG/REPO, FILE); a local folder cannot reach the platform's servers."""
-    from orchestrator.hub import parse_hf
+    from orchestrator.tasks.hub import parse_hf
 
     if not data:
         raise UsageError("--data is required: an hf://ORG/REPO/FILE.tar dataset (`orch data push FOLDER ORG/REPO` "

@@ -4,7 +4,7 @@
 Names the table does not know come back tidied (vendor words dropped), never invented.
 
 The relative-throughput table is a PRIOR, used only when orch has no measurement of its own
-(the ledger's runs and ``orch trial`` always win, see orchestrator/offers.py). Its source:
+(the ledger's runs and ``orch trial`` always win, see orchestrator/money/offers.py). Its source:
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fabric import task
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from orchestrator.errors import OrchError
 from playbooks import host
 

@@ -13,7 +13,7 @@ import posixpath
 import shlex
 from pathlib import Path
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from orchestrator.errors import OrchError, SSHError
 
 ON_INSTANCE = Path(__file__).resolve().parent / "on_instance"

@@ -21,7 +21,7 @@ import shlex
 
 from fabric import task
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from orchestrator.errors import OrchError, VerifyFailed
 from orchestrator.provisioning import MACHINE, Provisioning
 from playbooks import host

@@ -12,7 +12,7 @@ import shlex
 
 from fabric import task
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from orchestrator.errors import OrchError
 from playbooks import host
 
@@ -20,7 +20,7 @@ from playbooks import host
 @task
 def status(c, run_dir: str, pid: int | None) -> dict:
     """The run's ``status.json`` in ``run_dir`` and whether ``pid`` lives (``run_status.py``): the
-    instance's word, which ``orchestrator.runs.digest`` checks field by field."""
+    instance's word, which ``orchestrator.runs.runs.digest`` checks field by field."""
     return host.script(c, "run_status.py", run_dir, str(pid or ""))
 
 

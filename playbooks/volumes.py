@@ -23,7 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from orchestrator.errors import OrchError
 
 MARK = "ORCH_MOUNT "  # one line per path: what the script did there

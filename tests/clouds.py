@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reach
+from orchestrator.ssh import reach
 from orchestrator import states
 from tests.conftest import ROOT
 from tests.fakes.runpod_api import FakeRunPod
@@ -92,7 +92,7 @@ def lost_midway(job: str, copies: int, timeout: float, *args, node_rank: int = 0
 
 
 def open_orch():
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open(say=lambda m: None)
 

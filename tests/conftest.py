@@ -105,7 +105,7 @@ def tiny_run(session_cache) -> Path:
     with open(root / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, however this ends
         if not done.exists():
-            from orchestrator import dataset
+            from orchestrator.tasks import dataset
 
             ds = dataset.synth(root / "birds")
             # LibreYOLO's CLI as orch runs its doctor, the collector tuned: 7.1 -> 5.4 CPU-s, on the
@@ -145,7 +145,7 @@ def orch_home(tmp_path, monkeypatch, session_cache, ledger_seed):
         monkeypatch.setenv(var, NOWHERE)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 would ask 169.254.169.254 for credentials
     # A test drives its jobs with the looks it makes (`orch reap`, `orch jobs show`): no detached
-    # watcher (``orchestrator.watcher``) races them, nor outlives the test. tests/test_watcher.py turns it on.
+    # watcher (``orchestrator.reaper.watcher``) races them, nor outlives the test. tests/test_watcher.py turns it on.
     monkeypatch.setenv("ORCH_WATCHER", "off")
     monkeypatch.setenv("HOME", str(tmp_path / "user"))  # never the developer's ~/.runpod or ~/.ssh
     (tmp_path / "user").mkdir()
@@ -238,7 +238,7 @@ def orch():
 
 @pytest.fixture
 def ledger(orch_home):
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open().ledger
 

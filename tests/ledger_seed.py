@@ -26,7 +26,7 @@ _statements: dict[str, list[str]] = {}
 
 def build(folder: Path) -> Path:
     """A ledger at ``folder/seed.db`` that orch's own migrations built (no ORCH_HOME points there)."""
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     path = folder / "seed.db"
     if not path.exists():

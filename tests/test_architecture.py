@@ -126,9 +126,9 @@ def test_an_upward_import_fails_the_layer_check():
     """The check can fail: the ledger importing the export, or the local provider the job engine."""
     edges = graph()
     patterns = layers()
-    for module, target in (("orchestrator.ledger", "orchestrator.export"),
+    for module, target in (("orchestrator.ledger.ledger", "orchestrator.export"),
                            ("providers.local.compute", "orchestrator.jobs"),
-                           ("orchestrator.lifecycle", "orchestrator.groups")):
+                           ("orchestrator.instances.lifecycle", "orchestrator.instances.groups")):
         bad = {k: set(v) for k, v in edges.items()}
         bad[module].add(target)
         assert [line for line in upward(bad, patterns) if line.startswith(module + " ")] != [], (module, target)
@@ -137,18 +137,66 @@ def test_an_upward_import_fails_the_layer_check():
 def test_relative_and_dynamic_imports_are_read():
     """An upward import written relatively or through importlib is still an import: the check sees it."""
     views = ROOT / "orchestrator" / "views" / "fleet.py"
-    ledger = ROOT / "orchestrator" / "ledger.py"
+    ledger = ROOT / "orchestrator" / "ledger" / "ledger.py"
     assert "orchestrator.jobs.engine" in imports(views, "from ..jobs import engine\n")
     assert "orchestrator.jobs" in imports(views, "from .. import jobs\n")
     assert "orchestrator.views.jobs" in imports(views, "from . import jobs\n")
     assert "orchestrator.export" in imports(ledger, "import importlib\nimportlib.import_module('orchestrator.export')\n")
     assert "orchestrator.export" in imports(ledger, "from importlib import import_module as im\nx = __import__('orchestrator.export')\n")
     patterns = layers()
-    for module, source in (("orchestrator.ledger", "from .lifecycle import Orch\n"),
-                           ("orchestrator.ledger", "import importlib\nimportlib.import_module('orchestrator.jobs.engine')\n")):
+    for module, source in (("orchestrator.ledger.ledger", "from ..instances.lifecycle import Orch\n"),
+                           ("orchestrator.ledger.ledger", "import importlib\nimportlib.import_module('orchestrator.jobs.engine')\n")):
         path = modules()[module]
         edges = {module: {m for m in imports(path, source) if m in modules() and m != module}}
         assert upward(edges, patterns) != [], (module, source)
+
+
+# -- packages: what each holds and which layers -------------------------------------------------------
+def package_layers(doc: str) -> set[int] | None:
+    """The layers a package's docstring says it holds: "Layer 6", "Layers 2, 6 and 9", "Layers 8 to 11"."""
+    found = re.search(r"\bLayers? (\d+(?:(?:, | and | to )\d+)*)", doc)
+    if not found:
+        return None
+    words = found.group(1)
+    numbers = [int(n) for n in re.findall(r"\d+", words)]
+    if " to " in words:
+        return set(range(numbers[0], numbers[-1] + 1))
+    return set(numbers)
+
+
+def core_packages() -> dict[str, Path]:
+    """orchestrator/'s packages whose ``__init__`` is only a docstring (provider/, jobs/, views/ and cli/
+    export their names and are layered as wholes)."""
+    out = {}
+    for init in CORE.glob("*/__init__.py"):
+        tree = ast.parse(init.read_text())
+        if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+            out[module_name(init)] = init
+    return out
+
+
+def test_each_package_says_what_it_holds_and_its_layers_are_true():
+    """A package's docstring names its modules' layers; each of its modules sits in one of them, and
+    its ``__init__`` imports nothing (importing ``orchestrator.ledger.ledger_sql`` runs it)."""
+    patterns = layers()
+    packages = core_packages()
+    assert len(packages) >= 8, sorted(packages)
+    wrong = {}
+    for name, init in packages.items():
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = package_layers(doc)
+        assert said, f"{name}'s docstring says none of its layers"
+        actual = {layer_of(m, patterns) + 1 for m in modules() if m.startswith(name + ".")}
+        if not actual <= said:
+            wrong[name] = (sorted(said), sorted(actual))
+    assert wrong == {}
+
+
+def test_a_package_whose_modules_leave_its_layers_fails_the_check():
+    assert package_layers("Layers 2, 6 and 9 (ARCHITECTURE.md)") == {2, 6, 9}
+    assert package_layers("Layers 8 to 11: x") == {8, 9, 10, 11}
+    assert package_layers("Layer 6 (ARCHITECTURE.md)") == {6}
+    assert package_layers("nothing said") is None
 
 
 def test_no_provider_imports_the_job_engine():
@@ -234,7 +282,7 @@ def test_the_project_cites_no_document_outside_it():
 def instance_ops_names() -> set[str]:
     """What ``InstanceOps`` defines (its fields and methods): all a module below the lifecycle may use
     of the ``Orch`` it is handed."""
-    tree = ast.parse((CORE / "instance_ops.py").read_text())
+    tree = ast.parse((CORE / "instances" / "instance_ops.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InstanceOps")
     return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))} | \
         {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
@@ -251,7 +299,7 @@ def test_below_the_lifecycle_an_orch_is_used_only_for_the_instance_operations():
     must be defined below them (``instance_ops``), or the map is false at run time (reconcile's
     destroy calling back up into the lifecycle that called reconcile)."""
     patterns = layers()
-    lifecycle = layer_of("orchestrator.lifecycle", patterns)
+    lifecycle = layer_of("orchestrator.instances.lifecycle", patterns)
     allowed = instance_ops_names()
     assert {"down", "move", "provider", "connect", "ledger"} <= allowed
     offenders = {m: sorted(calls_up(path.read_text(), allowed)) for m, path in sorted(modules().items())
@@ -323,7 +371,7 @@ def test_a_kind_named_outside_the_kinds_fails_the_check():
 def test_the_lifecycle_names_no_package_it_provisions():
     """What a machine is made ready with is its job kind's (``JobKind.provisioning``, data the
     lifecycle runs): the lifecycle and the job engine name no package, LibreYOLO included."""
-    bring_up = [CORE / "lifecycle.py", CORE / "jobs" / "engine.py"]
+    bring_up = [CORE / "instances" / "lifecycle.py", CORE / "jobs" / "engine.py"]
     named = [f"{p.name}:{n}" for p in bring_up for n, line in enumerate(p.read_text().splitlines(), 1)
              if "libreyolo" in line.lower()]
     assert named == []

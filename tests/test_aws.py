@@ -14,7 +14,8 @@ from dataclasses import asdict
 
 import pytest
 
-from orchestrator import config, reach, states
+from orchestrator import config, states
+from orchestrator.ssh import reach
 from orchestrator.provider import Offer, Request, Status, can_stop, label_for
 from providers.aws.network import ensure_key, ensure_ssh_group
 from tests import netns
@@ -124,7 +125,7 @@ def test_offers_spot_a10g_shows_aws_beside_vast(ec2, orch_home, tmp_path):
 @needs_torch
 @pytest.mark.training
 def test_up_spot_runs_end_to_end_then_stop_is_refused_and_down_terminates(ec2, orch_home, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     m, env = ec2
     ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
@@ -205,8 +206,8 @@ def test_bids_are_per_gpu_and_a_bid_below_the_live_price_is_refused_before_anyth
 
 # -- stop, start, the watchdog's power-off, preemption -----------------------------------------------
 def test_on_demand_stops_and_starts_on_a_new_address_and_its_watchdog_powers_it_off(ec2, orch_home):
-    from orchestrator import policy as policies
-    from orchestrator import reaper
+    from orchestrator.money import policy as policies
+    from orchestrator.reaper import reaper
 
     m, env = ec2
     orch = open_orch()
@@ -259,7 +260,7 @@ def test_a_spot_instance_taken_back_by_the_market_is_preempted_not_lost(ec2):
     assert legal_path(events)[-3:] == ["preempted", "destroying", "destroyed"]
     assert "spot market" in events[-3].reason and "nothing of it bills" in events[-2].reason
     assert m.billing() == []
-    from orchestrator import cost
+    from orchestrator.money import cost
 
     [row], _ = cost.report(orch.ledger, "sp", None)
     time.sleep(1.0)  # clock: a second of wall time, which anything still billing would be charged for
@@ -284,8 +285,8 @@ def test_a_spot_instance_ec2_has_forgotten_is_preempted_not_lost(ec2):
 
 # -- reconcile and reap ------------------------------------------------------------------------------
 def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_a_failed_listing_leaves_all_alone(ec2):
-    from orchestrator import reconcile as rec
-    from orchestrator.ledger import new_id
+    from orchestrator.instances import reconcile as rec
+    from orchestrator.ledger.ledger import new_id
 
     m, env = ec2
     orch = open_orch()
@@ -312,8 +313,8 @@ def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_a_failed_listing_leave
 
 
 def test_reap_destroys_an_idle_spot_instance_it_cannot_stop(ec2, monkeypatch):
-    from orchestrator import policy as policies
-    from orchestrator import reaper
+    from orchestrator.money import policy as policies
+    from orchestrator.reaper import reaper
 
     m, _ = ec2
     monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the reaper alone on duty

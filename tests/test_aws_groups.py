@@ -138,7 +138,7 @@ def test_a_groups_parts_are_tagged_and_reconcile_sweeps_them_once_no_node_lives(
     """Nodes ended one by one (the reaper, the watchdog, a preemption: no ``close_group``), in a region
     outside ``regions`` (an --offer elsewhere): the next reconcile deletes the group's security group and
     placement group there, waiting out EC2's DependencyViolation; a live group's parts stay."""
-    from orchestrator import reconcile as rec
+    from orchestrator.instances import reconcile as rec
 
     m, env = ec2
     m.add_dlami("us-west-2")

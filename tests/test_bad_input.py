@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import config, dataset
+from orchestrator import config
+from orchestrator.tasks import dataset
 from orchestrator.cli import main as cli
-from orchestrator.lifecycle import NAME
-from orchestrator.policy import ON_IDLE
+from orchestrator.instances.lifecycle import NAME
+from orchestrator.money.policy import ON_IDLE
 from tests.conftest import run_orch
 
 EXAMPLES = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

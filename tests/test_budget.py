@@ -151,7 +151,7 @@ def _plan_line(proc) -> str:
 
 @needs_torch
 def test_a_spot_notice_to_a_libreyolo_training_takes_its_checkpoint_copy_at_once(orch_home, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
     from tests.fakes.hf_hub import FakeHub
     from tests.fakes.imds import Metadata
     from tests.test_training import TRAIN

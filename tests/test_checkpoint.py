@@ -229,7 +229,7 @@ def test_a_real_libreyolo_last_pt_names_only_tensors_and_containers(tiny_run):
     import pickletools
     import zipfile
 
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
 
     last = tiny_run / "weights" / "last.pt"
     got = checkpoint.check(str(last))

@@ -74,7 +74,7 @@ def test_completion_offers_instance_names_fast_and_without_sqlalchemy(orch_home)
 
 def test_completion_offers_names_to_every_command_that_takes_one(orch_home, tmp_path):
     """`exec`, `jobs show/logs/cancel/rm`, `schedule rm/pause/resume/run`, `volume rm` (issue 55, 8)."""
-    from orchestrator import ledger_volumes
+    from orchestrator.volumes import ledger_volumes
 
     ledger = open_orch().ledger
     inst = ledger.create_instance(name="box1", provider="local", label="", cpu_only=True, gpus=0)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.clouds import wait_for
 from tests.conftest import needs_torch, run_orch
 from tests.fakes.runpod_api import FakeRunPod

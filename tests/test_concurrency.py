@@ -133,7 +133,7 @@ def test_four_ups_a_reaper_and_racing_commands_share_one_ledger(backend, orch_ho
 # -- the ledger's own tests on PostgreSQL ---------------------------------------------------------------
 @pytest.fixture
 def pg_ledger(pg_url):
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     return Ledger(pg_url)
 
@@ -152,7 +152,7 @@ def test_migrations_reach_head_and_match_the_models_on_postgresql(pg_url):
     from sqlmodel import SQLModel
 
     from migrations import HEAD
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     led = Ledger(pg_url)
     assert led.revision() == HEAD
@@ -170,11 +170,11 @@ def test_processes_meeting_a_fresh_ledger_at_once_all_open_it(db, request, tmp_p
     ledger at once: each one opens it, and the schema is built once (CI met "table jobs already
     exists" when two of them ran migration 0003 side by side)."""
     from migrations import HEAD
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
     from tests.racers import race
 
     url = request.getfixturevalue("pg_url") if db == "postgresql" else f"sqlite:///{tmp_path / 'ledger.db'}"
-    racers = race(8, "from orchestrator.ledger import Ledger", f"Ledger({url!r})")  # all open it, together
+    racers = race(8, "from orchestrator.ledger.ledger import Ledger", f"Ledger({url!r})")  # all open it, together
     assert [r.rc for r in racers] == [0] * 8, "\n".join(r.err for r in racers if r.err)
     assert Ledger(url, upgrade=False).revision() == HEAD
 
@@ -191,7 +191,7 @@ def test_an_upgrade_killed_halfway_leaves_the_ledger_as_it_was_and_the_next_open
 
     import migrations
     from migrations import HEAD
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
     from tests.conftest import ROOT
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
@@ -205,7 +205,7 @@ def test_an_upgrade_killed_halfway_leaves_the_ledger_as_it_was_and_the_next_open
             "@event.listens_for(Engine, 'before_cursor_execute')\n"
             "def kill(conn, cursor, statement, *rest):\n"
             "    if 'ix_instances_group_id' in statement: os.kill(os.getpid(), signal.SIGKILL)\n"
-            f"from orchestrator.ledger import Ledger\nLedger({url!r})\n")
+            f"from orchestrator.ledger.ledger import Ledger\nLedger({url!r})\n")
     killed = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # it died in migration 0004, after 0003 ran
     assert Ledger(url, upgrade=False).revision() == "0002"
@@ -216,12 +216,12 @@ def test_an_upgrade_killed_halfway_leaves_the_ledger_as_it_was_and_the_next_open
 
 def test_racing_processes_on_postgresql_move_an_instance_once(pg_url):
     """Eight processes try the same compare-and-set at once: one moves it, seven are refused."""
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
     from tests.racers import race
 
     led = Ledger(pg_url)
     inst = led.create_instance(name="contended", provider="local", label="")
-    racers = race(8, "from orchestrator.ledger import Ledger; from orchestrator.errors import IllegalTransition",
+    racers = race(8, "from orchestrator.ledger.ledger import Ledger; from orchestrator.errors import IllegalTransition",
                   before=f"led = Ledger({pg_url!r})\nled.revision()",  # connected and migrated: then, together
                   body=f"try: led.transition({inst.id!r}, 'provisioning', expect='requested'); print('won')\n"
                        "except IllegalTransition as e: print('lost', e)\n")
@@ -234,7 +234,7 @@ def test_status_and_reconcile_on_postgresql(pg_url, orch_home):
     from orchestrator import config
     from orchestrator.provider import Request
     from providers.local import LocalProvider
-    from orchestrator.ledger import new_id
+    from orchestrator.ledger.ledger import new_id
     from orchestrator.provider import label_for
 
     LocalProvider({}, orch_home).create(Request(name="pgstray", cpu=True), label_for(new_id(), "pgstray"),
@@ -256,12 +256,12 @@ def test_a_look_at_a_claim_never_makes_its_claimant_busy(backend, orch_home):
     import subprocess
     import sys
 
-    from orchestrator import claims
+    from orchestrator.ledger import claims
     from tests.conftest import ROOT
 
     ledger = open_orch().ledger
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from orchestrator import claims; from orchestrator.lifecycle import Orch\n"
+        [sys.executable, "-c", "import sys; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
                                "with claims.hold(Orch.open().ledger, 'y'):\n    print('held', flush=True); sys.stdin.read()\n"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -271,7 +271,7 @@ def test_a_look_at_a_claim_never_makes_its_claimant_busy(backend, orch_home):
     wait_for(lambda: not claims.busy(ledger, "y"), what="the claim to go with its process")
 
     looker = subprocess.Popen(
-        [sys.executable, "-c", "import time; from orchestrator import claims; from orchestrator.lifecycle import Orch\n"
+        [sys.executable, "-c", "import time; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
                                "led = Orch.open().ledger; n = 0; print('looking', flush=True)\n"
                                "end = time.monotonic() + 4\n"
                                "while time.monotonic() < end:\n    claims.busy(led, 'x'); n += 1\n"

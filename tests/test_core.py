@@ -61,7 +61,7 @@ def test_a_stopping_local_instance_is_reported_stopped_only_once_nothing_of_it_r
     import threading
 
     from orchestrator import config
-    from orchestrator.ledger import new_id
+    from orchestrator.ledger.ledger import new_id
     from orchestrator.provider import Request, Status, label_for
 
     prov = sshd.LocalProvider({}, orch_home)
@@ -108,7 +108,7 @@ def test_the_provisioning_a_kind_asks_for_is_run_once_ssh_answers_and_again_afte
     """The lifecycle runs what the job kind said (``JobKind.provisioning``), not "LibreYOLO or
     nothing": its packages over torch, the matmul proof, and the same again after a start, because
     the row remembers it (a stop can wipe what was installed)."""
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
     from orchestrator.provisioning import Provisioning
 
@@ -186,10 +186,10 @@ def test_a_proof_holds_for_its_boot_and_is_made_anew_where_it_cannot_be_trusted(
 @needs_torch
 def test_gpu_verify_failure_destroys_what_it_created(orch_home):
     """A provider that claims a GPU the machine does not have: verify fails, nothing is left billing."""
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
     from orchestrator.errors import OrchError
     from orchestrator.hookspecs import hookimpl
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Capabilities, Request
     from providers.local import LocalProvider
 
@@ -251,7 +251,7 @@ def test_migrations_reach_head_and_match_the_models(tmp_path):
     from sqlmodel import SQLModel
 
     from migrations import HEAD
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     led = Ledger(f"sqlite:///{tmp_path / 'empty.db'}")
     assert led.revision() == HEAD

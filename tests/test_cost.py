@@ -5,8 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orchestrator import cost
-from orchestrator.ledger import Event, Instance, new_id
+from orchestrator.money import cost
+from orchestrator.ledger.ledger import Event, Instance, new_id
 from tests.conftest import run_orch
 
 DAY = datetime(2026, 7, 31, tzinfo=timezone.utc)

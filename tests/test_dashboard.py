@@ -22,7 +22,7 @@ CHROMIUM = next((p for p in ("/usr/lib/chromium/chromium-headless-shell", "/usr/
 
 def build(ledger, name, provider, price, stopped, timeline, **fields):
     """An instance whose events happened at the given times (what the ledger holds afterwards)."""
-    from orchestrator.ledger import Event, Instance, new_id
+    from orchestrator.ledger.ledger import Event, Instance, new_id
 
     with ledger.session() as s:
         inst = Instance(id=new_id(), name=name, provider=provider, label=f"orch-x-{name}", state=timeline[-1][1],

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import dataset, hub
+from orchestrator.tasks import dataset, hub
 from orchestrator.errors import OrchError, UsageError
 from tests.fakes.hf_hub import FakeHub
 
@@ -159,7 +159,7 @@ def test_the_doctor_checks_a_datasets_bytes_once_and_never_remembers_a_failure(d
     """What `orch run` does with local data: the doctor's pass is kept per packed content (in the
     user's cache folder), so an unchanged dataset is not checked again; changed bytes are, and a
     dataset the doctor refuses leaves no verdict and no packed tar."""
-    from orchestrator import training
+    from orchestrator.runs import training
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     home = tmp_path / "orch"

@@ -51,7 +51,7 @@ def test_a_dry_run_warns_of_a_secret_not_set_now_where_the_launch_refuses_it(orc
 
 
 def test_with_no_provider_key_a_dry_run_shows_dated_list_prices_marked_as_such(orch_home, tmp_path):
-    from orchestrator import catalogue
+    from orchestrator.money import catalogue
 
     when, prices = catalogue.load()
     label = f"list price, {when}, not live"
@@ -83,7 +83,8 @@ def test_with_no_provider_key_a_dry_run_shows_dated_list_prices_marked_as_such(o
 
 
 def test_the_catalogue_is_dated_and_every_price_has_its_public_source():
-    from orchestrator import catalogue, gpus
+    from orchestrator import gpus
+    from orchestrator.money import catalogue
 
     when, prices = catalogue.load()
     assert date.fromisoformat(when) <= date.today()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.conftest import needs_torch, on_instance, one_cpu, run_orch
 
 HAS = {sdk: importlib.util.find_spec(sdk) is not None for sdk in ("modal", "beam")}

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from orchestrator import dataset, states
+from orchestrator import states
+from orchestrator.tasks import dataset
 from providers import local as sshd
 from providers.local import local_gpus
 from tests.conftest import needs_torch, run_orch

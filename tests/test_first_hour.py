@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.conftest import needs_torch, run_orch, skip_without
 from tests.test_cli_ux import has_local_gpu
 

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orchestrator import ledger_snapshot
+from orchestrator.ledger import ledger_snapshot
 from orchestrator import states
 from tests.conftest import ROOT, needs_torch, run_orch
 from tests.postgres import pg_server, pg_url  # noqa: F401
@@ -54,8 +54,8 @@ def fields(row, names) -> dict:
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_the_snapshot_reads_every_row_as_the_ledger_does(backend, request):
-    from orchestrator.ledger import Event, Instance, Run
-    from orchestrator.lifecycle import Orch
+    from orchestrator.ledger.ledger import Event, Instance, Run
+    from orchestrator.instances.lifecycle import Orch
 
     if backend == "postgresql":
         request.getfixturevalue("pg_url")

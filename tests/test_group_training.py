@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.clouds import wait_for
 from tests.conftest import needs_torch, run_orch
 
@@ -60,7 +60,7 @@ def test_two_nodes_train_one_run_under_torchrun_and_rank_0_brings_the_weights_ho
     # World size 2, from rank 0's own log and from the run's record.
     log = run_orch("logs", "duo", "-n", "400", check=0).stdout
     assert "DDP active: rank=0/2" in log and "world_size=2" in log, log[-2000:]
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     ledger = Orch.open(say=lambda m: None).ledger
     args = json.loads(ledger.latest_run(ids[0]).args)
@@ -103,7 +103,7 @@ def _freeze_group(names, at_least: int, patience: float = 300.0):
     import os
 
     from tests.test_jobs import _freeze
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     ledger = Orch.open(say=lambda m: None).ledger
 
@@ -134,7 +134,7 @@ def test_a_lost_node_ends_the_attempt_and_the_group_resumes_from_the_checkpoint_
     job = _advance_until("gj", lambda j: (j["checkpoint_epoch"] or 0) >= 1, timeout=300, every=1)
     assert job["state"] == "running" and (job["epoch"] or 0) < epochs, "lost before its end"
     kept = job["checkpoint_epoch"]
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     ledger = Orch.open(say=lambda m: None).ledger
     old = {n: ledger.by_name(n).id for n in ("gj-a1-0", "gj-a1-1")}

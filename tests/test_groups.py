@@ -11,7 +11,7 @@ from tests.test_offers import fakes  # noqa: F401  (the fake RunPod and Vast.ai 
 
 def _leftovers(home):
     """What would still bill: local instances on disk, live rows in the ledger."""
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     root = home / "local"
     dirs = sorted(p.name for p in root.iterdir()) if root.exists() else []
@@ -28,7 +28,7 @@ def _leftovers(home):
 ])
 @pytest.mark.parametrize("command", ["up", "run"])
 def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_path, args, says, command):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
     args = [str(ds) if a == "DS" else a for a in args]
@@ -42,7 +42,7 @@ def test_bad_group_input_is_one_line_exit_2_and_nothing_is_made(orch_home, tmp_p
 
 
 def test_a_group_jobs_name_must_leave_room_for_its_nodes(orch_home, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
     p = run_orch("run", "j" * 34, "--nodes", "2", "--cpu", "--data", ds)
@@ -104,10 +104,12 @@ def test_a_local_group_comes_up_together_is_shown_as_one_and_goes_down_as_one(or
 
 def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
     """Node 1 meets a capacity error at its create; node 0, already up, is destroyed: nothing bills."""
-    from orchestrator import groups, plugins, states
+    from orchestrator import states
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
     from orchestrator.errors import NoCapacity, OrchError
     from orchestrator.hookspecs import hookimpl
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
     from providers.local import LocalProvider
 
@@ -152,10 +154,12 @@ def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(
     """Node 1's machine will never answer (its provider says so); node 0's SSH is slow to come (20
     minutes of wait allowed). Node 0 is not waited for: its bring-up is called off and it is destroyed
     within seconds, not after its own wait."""
-    from orchestrator import groups, plugins, states
+    from orchestrator import states
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
     from orchestrator.errors import OrchError
     from orchestrator.hookspecs import hookimpl
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request, Status
     from providers.local import LocalProvider
 
@@ -227,7 +231,7 @@ def test_a_local_gpu_group_gives_each_node_its_own_share_of_the_gpus(orch_home, 
 def test_offers_for_a_group_price_n_machines_and_state_their_scaling(fakes):  # noqa: F811
     """The same live rows, priced for 2 machines: every $/hr doubled, the hours divided by the stated
     speedup (1 + e); providers that cannot rent a group are left out of `orch offers --nodes`."""
-    from orchestrator import offers
+    from orchestrator.money import offers
     from tests.test_offers import search
 
     job = offers.Workload(model="yolo9-t", epochs=10, data="hf://acme/birds/birds.tar", data_bytes=10**9)
@@ -305,10 +309,11 @@ def test_a_sibling_the_same_pass_is_stopping_is_not_busy_but_an_unreadable_ready
     Whatever that look fails with, node 1 is no longer busy, and node 0 is stopped with it; a node
     still ready that cannot be read stays an error, never a guess. The race is made here at the one
     seam it runs through, the look, so that it happens every time."""
-    from orchestrator import reaper, states
+    from orchestrator import states
+    from orchestrator.reaper import reaper
     from orchestrator.errors import OrchError
-    from orchestrator.lifecycle import Orch
-    from orchestrator.rules import STOP, Decision
+    from orchestrator.instances.lifecycle import Orch
+    from orchestrator.reaper.rules import STOP, Decision
 
     orch = Orch.open(say=lambda m: None)
     head, other = (orch.ledger.create_instance(name=f"team-{r}", provider="local", group_id="g1", group_name="team",
@@ -337,7 +342,7 @@ def test_a_sibling_the_same_pass_is_stopping_is_not_busy_but_an_unreadable_ready
 def test_a_groups_hourly_price_counts_the_nodes_that_bill_not_one_it_replaced(orch_home):
     """`orch status --all` after a node was replaced: the lost row is listed, its price not summed (issue 55, 8)."""
     from orchestrator import states
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     ledger = Orch.open(say=lambda m: None).ledger
     group = dict(provider="local", label="", cpu_only=True, gpus=0, price_hr=1.0, group_id="grp1", group_name="g-a1",
@@ -362,9 +367,11 @@ def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as
     while their prices are read). One machine (`orch up NAME`: ``Orch.up``) is a group of one:
     what was made is destroyed for it too (it was left running, recorded `requested`, until a
     reconcile or a repeated `orch up`)."""
-    from orchestrator import groups, plugins, states
+    from orchestrator import states
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
     from orchestrator.hookspecs import hookimpl
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
     from providers.local import LocalProvider
 

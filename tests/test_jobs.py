@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.clouds import configure, open_orch, runpod  # noqa: F401  (runpod: the fake RunPod fixture)
 from tests.conftest import needs_torch, on_instance, run_orch
 

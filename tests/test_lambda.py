@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orchestrator import reach
+from orchestrator.ssh import reach
 from orchestrator import config, states
 from orchestrator.provider import Request, Status, label_for
 from tests import netns
@@ -130,7 +130,8 @@ def test_a_gpu_up_that_fails_verification_here_is_terminated(lam, orch_home):
 @needs_torch
 @pytest.mark.training
 def test_an_instance_arranged_ready_trains_end_to_end_and_down_terminates_it(lam, orch_home, tmp_path):
-    from orchestrator import dataset, training
+    from orchestrator.tasks import dataset
+    from orchestrator.runs import training
 
     fake, env = lam
     orch = open_orch()
@@ -244,8 +245,8 @@ def test_a_bad_key_is_one_line_and_exit_1(lam, orch_home):
 
 # -- reconcile, reap, preemption, secrets -----------------------------------------------------------
 def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_leaves_all_alone_when_the_listing_fails(lam):
-    from orchestrator import reconcile as rec
-    from orchestrator.ledger import new_id
+    from orchestrator.instances import reconcile as rec
+    from orchestrator.ledger.ledger import new_id
 
     fake, env = lam
     orch = open_orch()
@@ -278,8 +279,8 @@ def test_reconcile_adopts_a_stray_marks_the_gone_lost_and_leaves_all_alone_when_
 
 
 def test_reap_destroys_an_idle_instance_it_cannot_stop(lam, monkeypatch):
-    from orchestrator import policy as policies
-    from orchestrator import reaper
+    from orchestrator.money import policy as policies
+    from orchestrator.reaper import reaper
 
     fake, _ = lam
     monkeypatch.setenv("ORCH_WATCHDOG", "off")  # the reaper alone on duty
@@ -297,7 +298,7 @@ def test_a_preempted_instance_is_not_gone_until_lambda_says_terminated(lam, monk
     """Lambda took it back ("preempted"): it will not run again, but it is listed and may bill until
     Lambda says terminated. orch records it broken (not ended), the reaper destroys it, and the row
     ends destroyed only once the terminate is confirmed."""
-    from orchestrator import reaper
+    from orchestrator.reaper import reaper
 
     fake, _ = lam
     monkeypatch.setenv("ORCH_WATCHDOG", "off")

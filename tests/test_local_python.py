@@ -71,7 +71,7 @@ def test_a_create_interrupted_while_it_makes_the_instances_python_leaves_nothing
     import pytest
 
     from orchestrator import config
-    from orchestrator.ledger import new_id
+    from orchestrator.ledger.ledger import new_id
     from orchestrator.provider import Request, label_for
     from providers.local import LocalProvider
     from providers.local import python as instance_python

@@ -51,8 +51,8 @@ def ready(name: str, watchdog_on: bool = True, **policy):
     idle policy `orch up --idle-minutes ... --on-idle ...` records (``policy``) and, unless
     ``watchdog_on`` is False, the watchdog `orch up` arms once it is ready: these tests watch what
     the watchdog and the reaper do to it. The first test runs the real `orch up`, with its output."""
-    from orchestrator import policy as policies
-    from orchestrator import watchdog
+    from orchestrator.money import policy as policies
+    from orchestrator.instances import watchdog
 
     orch = open_orch()
     inst = arrange(orch, name)

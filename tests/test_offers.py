@@ -11,7 +11,8 @@ import time
 import pytest
 
 from bench.offers import DelayedRunPod, DelayedVast, config_toml
-from orchestrator import gpus, offers
+from orchestrator import gpus
+from orchestrator.money import offers
 from orchestrator.provider import HOURS_PER_MONTH
 from tests.conftest import needs_torch, run_orch
 from tests.fakes.runpod_api import FakeRunPod
@@ -45,7 +46,7 @@ def orch_json(*args, check=0):
 
 
 def _open():
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open(say=lambda m: None)
 
@@ -354,7 +355,7 @@ def test_bottleneck_heuristic():
 def test_steps_trial_trains_on_a_copy_of_the_first_images(tmp_path, orch_home):
     import yaml
 
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
     from orchestrator.cli.offers import _subset
 
     data = dataset.synth(tmp_path / "birds", n_train=10, n_val=3, imgsz=32)
@@ -371,7 +372,7 @@ def test_steps_trial_trains_on_a_copy_of_the_first_images(tmp_path, orch_home):
 
 @needs_torch
 def test_trial_on_a_cpu_instance_records_a_measurement(orch_home, ledger, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     data = dataset.synth(tmp_path / "ds", n_train=4, n_val=2, imgsz=64)
     run_orch("up", "cpubox", "--cpu", check=0)

@@ -154,7 +154,7 @@ def test_skypilots_task_id_is_the_jobs_and_stays_across_a_relaunch(orch_home, tm
 # -- translated as the peers' references say ---------------------------------------------------
 def load(path: Path, text: str):
     """The task as orch reads it (``task.load``, through ``peer_tasks``), and what orch says of it."""
-    from orchestrator import peer_tasks, task
+    from orchestrator.tasks import peer_tasks, task
 
     write(path, text)
     t, lines = task.load(path)
@@ -255,7 +255,7 @@ def test_dstack_commands_join_as_dstack_runs_them_and_env_takes_both_forms(tmp_p
 def test_dstacks_per_node_volume_names_are_orchs_per_node_volumes(tmp_path):
     """dstack's "Distributed tasks" volumes: ``name: data-${{ dstack.node_rank }}`` gives node R
     volume data-R, which is orch's ``per_node: true``."""
-    from orchestrator.task import VolumeSpec
+    from orchestrator.tasks.task import VolumeSpec
 
     t, _, said = load(tmp_path / "v.dstack.yml", """
         type: task

@@ -15,11 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import policy as policies
-from orchestrator import reaper, rules, states, watchdog as controller_watchdog
+from orchestrator.money import policy as policies
+from orchestrator import states
+from orchestrator.reaper import reaper, rules
+from orchestrator.instances import watchdog as controller_watchdog
 from providers import local as sshd
 from orchestrator.provider import Status, stopped_rate
-from orchestrator.rules import DESTROY, KEEP, REPORT, STOP, Facts, Observed, decide
+from orchestrator.reaper.rules import DESTROY, KEEP, REPORT, STOP, Facts, Observed, decide
 from playbooks.on_instance import watchdog
 from tests.conftest import needs_torch, run_orch
 
@@ -175,7 +177,7 @@ def live_root(home, name):
 
 
 def reaper_orch():
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open(actor=reaper.ACTOR, say=lambda m: None)
 
@@ -238,7 +240,7 @@ def test_dry_run_protected_then_idle_instance_is_stopped(orch_home, no_watchdog)
 @pytest.mark.long
 @needs_torch
 def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     data = dataset.synth(tmp_path / "ds")
     run_orch("up", "fin", "--cpu", "--data", data, "--epochs", "1", "--imgsz", "64", "--batch", "4",
@@ -251,7 +253,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
     work = str(status_json.parent.parent.parent)
     wait_for(lambda: not watchdog.training(watchdog.processes(), work, scope=iid), timeout=30,
              what="the training process to exit")
-    from orchestrator.runs import parse_time
+    from orchestrator.runs.runs import parse_time
 
     # clock: the idle rule's 0.05 min (3 s of wall time) counts from the run's end, status.json's updated_at
     ended = parse_time(json.loads(status_json.read_text())["updated_at"])
@@ -271,7 +273,7 @@ def test_finished_training_is_pulled_then_stopped(orch_home, no_watchdog, tmp_pa
 @pytest.mark.long
 @needs_torch
 def test_crashed_training_counts_as_idle(orch_home, no_watchdog, tmp_path):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     data = dataset.synth(tmp_path / "ds")
     run_orch("up", "crash", "--cpu", "--data", data, "--epochs", "50", "--imgsz", "64", "--batch", "4",
@@ -369,7 +371,7 @@ def test_watchdog_stops_the_instance_with_no_controller_running(orch_home):
 
 
 def test_failed_listing_leaves_its_instances_untouched(orch_home):
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
     from orchestrator.errors import ProviderError
     from orchestrator.hookspecs import hookimpl
     from providers.local import LocalProvider
@@ -407,7 +409,7 @@ def test_failed_listing_leaves_its_instances_untouched(orch_home):
 
 # -- the schedule ---------------------------------------------------------------------------------------
 def test_reaper_schedule_on_this_machine(orch_home):
-    from orchestrator import reaper_timer
+    from orchestrator.reaper import reaper_timer
 
     backend = reaper_timer.detect()
     env = {"RUNPOD_API_KEY": "rp-secret-never-on-a-command-line"}
@@ -444,7 +446,7 @@ def test_reaper_schedule_on_this_machine(orch_home):
 
 
 def test_cron_line_runs_a_pass_and_carries_no_secret(orch_home, monkeypatch):
-    from orchestrator import reaper_timer
+    from orchestrator.reaper import reaper_timer
 
     orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     monkeypatch.setenv("VAST_API_KEY", "vast-secret")

@@ -8,9 +8,10 @@ from datetime import timedelta
 
 import pytest
 
-from orchestrator import claims, config, states
-from orchestrator import reconcile as rec
-from orchestrator.ledger import new_id
+from orchestrator import config, states
+from orchestrator.ledger import claims
+from orchestrator.instances import reconcile as rec
+from orchestrator.ledger.ledger import new_id
 from orchestrator.provider import Request, label_for
 from tests.conftest import ROOT, run_orch
 from tests.clouds import arrange, legal_path, local_billing, open_orch, runpod, vast  # noqa: F401
@@ -126,7 +127,7 @@ def test_a_half_made_instance_is_kept_for_a_resume_then_destroyed_after_its_idle
 
     first = rec.reconcile(orch).providers[0]
     assert first.abandoned == ["half"] and first.destroyed == []
-    from orchestrator import sync
+    from orchestrator.instances import sync
 
     later = sync._now() + timedelta(minutes=11)  # past the default 10 idle minutes
     monkeypatch.setattr(sync, "_now", lambda: later)
@@ -140,7 +141,7 @@ def test_an_instance_another_orch_is_working_on_is_left_alone(orch_home):
     orch = open_orch()
     inst = arrange(orch, "held")
     orch.provider("local").destroy(inst.provider_id)
-    code = ("import sys, time; from orchestrator import claims; from orchestrator.lifecycle import Orch\n"
+    code = ("import sys, time; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
             "with claims.hold(Orch.open().ledger, 'held'):\n    print('held', flush=True); time.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

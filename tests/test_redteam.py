@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.clouds import arrange, open_orch
 from tests.conftest import needs_torch, run_orch
 from tests.test_checkpoint import _Boom
@@ -127,7 +127,7 @@ def test_a_newline_in_any_ledger_column_never_becomes_a_line_of_ssh_config(orch_
 
     from sqlalchemy import update as sql_update
 
-    from orchestrator.ledger import Instance
+    from orchestrator.ledger.ledger import Instance
 
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "hk")], check=True)
     key = " ".join((tmp_path / "hk.pub").read_text().split()[:2])

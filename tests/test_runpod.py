@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reach
-from orchestrator import remote as ssh
+from orchestrator.ssh import reach
+from orchestrator.ssh import remote as ssh
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, StartRefused, UsageError
 from orchestrator.provider import Request, label_for
-from orchestrator.reach import tcp_open
+from orchestrator.ssh.reach import tcp_open
 from orchestrator.provider import Status
 from providers.runpod import RunPodProvider, register_providers
 from tests.fakes.runpod_api import fake_runpod  # noqa: F401 - fixture

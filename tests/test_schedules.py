@@ -39,26 +39,26 @@ def at(*args, tz=UTC) -> datetime:
 
 
 def reaper():
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open(actor="reaper", say=lambda m: None)
 
 
 def one_pass(orch, t: datetime) -> list[dict]:
     """A reaper pass (``orch reap``'s) at the test's clock: what it did with jobs and schedules."""
-    from orchestrator import duty
+    from orchestrator.reaper import duty
 
     return duty.one_pass(orch, now=lambda: t)[1]
 
 
 def schedule(orch, name: str):
-    from orchestrator import ledger_schedules
+    from orchestrator.schedules import ledger_schedules
 
     return ledger_schedules.get(orch.ledger, name)
 
 
 def occurrences(orch, name: str) -> list:
-    from orchestrator import ledger_schedules
+    from orchestrator.schedules import ledger_schedules
 
     s = schedule(orch, name)
     return sorted(ledger_schedules.runs(orch.ledger, s.id), key=lambda r: r.occurrence)
@@ -122,7 +122,7 @@ def test_a_bad_field_in_the_task_files_schedule_names_its_line(orch_home, tmp_pa
 
 
 def test_cron_fields_as_posix_has_them():
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     start = at(2025, 1, 1)  # a Wednesday
     first = {expr: cron.Cron.of(expr, "UTC").next_after(start) for expr in (
@@ -139,7 +139,7 @@ def test_the_day_fields_as_cronie_runs_them():
     """cronie's rule (github.com/cronie-crond/cronie: ``src/entry.c`` sets DOM_STAR/DOW_STAR for a
     day field starting with '*', ``src/cron.c`` then needs dom AND dow; OR otherwise), not
     croniter's: ``*/2`` beside a weekday is the odd days that are that weekday."""
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     def first(expr: str, n: int = 4) -> list[datetime]:
         return list(islice(cron.Cron.of(expr, "UTC").occurrences(at(2025, 2, 1)), n))
@@ -169,7 +169,7 @@ def test_the_day_fields_as_cronie_runs_them():
 def test_cron_refuses_what_cron_would_never_run_as_written(expr, said):
     """Vixie cron refuses a range that goes down (``num1 > num2`` in its ``get_range``); today's
     cronie sets no value for it (the field never matches); croniter would wrap it round."""
-    from orchestrator import cron
+    from orchestrator.schedules import cron
     from orchestrator.errors import UsageError
 
     with pytest.raises(UsageError) as e:
@@ -178,7 +178,7 @@ def test_cron_refuses_what_cron_would_never_run_as_written(expr, said):
 
 
 def test_the_next_run_of_0_2_in_madrid_is_0200_madrid_time(orch_home, tmp_path):
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     c = cron.Cron.of("0 2 * * *", "Europe/Madrid")
     assert c.next_after(at(2025, 1, 10, 12)) == at(2025, 1, 11, 1)  # 02:00 CET (+01:00)
@@ -203,7 +203,7 @@ def test_the_next_run_of_0_2_in_madrid_is_0200_madrid_time(orch_home, tmp_path):
 def simulate(rule, start: datetime, end: datetime, every: timedelta = 5 * MIN, gaps=(), starts=lambda occ, t: True):
     """Passes every ``every`` from ``start`` to ``end`` (none inside ``gaps``), as ``scheduling``
     drives ``cron.step``: (runs as (occurrence, when), skips as (occurrence, why))."""
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     due, waiting, runs, skips, t = rule.cron.next_after(start), None, [], [], start
     while t <= end:
@@ -224,7 +224,7 @@ def simulate(rule, start: datetime, end: datetime, every: timedelta = 5 * MIN, g
 
 
 def test_daylight_saving_nights_a_time_that_does_not_exist_runs_once_and_one_that_exists_twice_runs_once():
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     nightly = cron.Rule(cron.Cron.of("30 2 * * *", "Europe/Madrid"))
     # 2025-03-30: at 02:00 Madrid's clocks jump to 03:00; 02:30 does not exist. It runs once, when they jump.
@@ -250,7 +250,7 @@ def test_daylight_saving_nights_a_time_that_does_not_exist_runs_once_and_one_tha
 
 
 def test_a_missed_run_follows_misfire_skip_or_run_once_and_never_runs_a_backlog():
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     daily = cron.Cron.of("0 2 * * *", "UTC")
     asleep = [(at(2025, 1, 1, 1), at(2025, 1, 4, 9))]  # the laptop slept three nights
@@ -268,7 +268,7 @@ def test_a_missed_run_follows_misfire_skip_or_run_once_and_never_runs_a_backlog(
 
 
 def test_a_window_starts_a_run_only_inside_it_and_tries_again_until_it_closes():
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     # Due at 23:00, started only between 00:00 and 06:00 (Madrid), when an offer is under the ceiling.
     rule = cron.Rule(cron.Cron.of("0 23 * * *", "Europe/Madrid"), cron.parse_window("00:00-06:00"))
@@ -318,7 +318,7 @@ def until_ended(orch, name: str, t: datetime):
 
 @pytest.mark.long
 def test_an_every_minute_schedule_started_by_reaper_passes_completes_its_runs_never_two_at_once(orch_home, tmp_path):
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     flag = tmp_path / "go"
     task = blocking_task(tmp_path, "tick", flag)
@@ -354,7 +354,7 @@ def test_an_every_minute_schedule_started_by_reaper_passes_completes_its_runs_ne
 
 
 def test_overlap_queue_waits_for_the_run_before_it_and_runs_once(orch_home, tmp_path):
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     flag = tmp_path / "go"
     run_orch("schedule", "add", "-f", blocking_task(tmp_path, "q", flag), "--cron", "* * * * *", "--overlap", "queue",
@@ -382,7 +382,7 @@ def test_overlap_queue_waits_for_the_run_before_it_and_runs_once(orch_home, tmp_
 
 
 def test_a_missed_run_is_recorded_skipped_once_and_said(orch_home, tmp_path):
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     task = write(tmp_path / "task.yaml", """
         name: nightly
@@ -407,7 +407,7 @@ def test_a_pass_with_nothing_due_asks_sqlite_alone(orch_home, tmp_path):
     standard library and never imports the ledger's models (a quiet pass stays cheap)."""
     task = write(tmp_path / "task.yaml", "name: later\nresources: {cpu: true}\nrun: 'true'\n")
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
-    code = ("import sys\nfrom orchestrator.lifecycle import Orch\nfrom orchestrator import scheduling\n"
+    code = ("import sys\nfrom orchestrator.instances.lifecycle import Orch\nfrom orchestrator import scheduling\n"
             "print(scheduling.run_due(Orch.open(lazy=True)), 'sqlalchemy' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["[]", "False"], done.stdout + done.stderr
@@ -463,7 +463,7 @@ def test_a_ceiling_no_offer_meets_skips_the_run_rents_nothing_and_says_why(orch_
 
 
 def test_a_plan_estimated_over_max_cost_is_skipped_with_its_estimate(orch_home, tmp_path, runpod):
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     fake, env = runpod
     run_orch("schedule", "add", "-f", gpu_task(tmp_path, "est", "max_hours: 2"), "--cron", "@hourly",
@@ -500,7 +500,7 @@ def test_a_scheduled_run_with_max_cost_asks_each_provider_for_its_offers_once(or
 
 
 def scheduling_run_due(orch, t: datetime) -> list[dict]:
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     return scheduling.run_due(orch, t)
 
@@ -511,7 +511,7 @@ def test_a_scheduled_libreyolo_training_runs_on_a_reaper_pass_and_brings_its_wei
     """The seed's nightly job: a train: task on a cron; a reaper pass starts the run, later passes
     follow it to its end, and its weights are home under the run's name."""
     pytest.importorskip("torch")
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     ds = dataset.synth(tmp_path / "ds", n_train=8, n_val=4)
     task = write(tmp_path / "nightly.yaml", f"""
@@ -559,7 +559,8 @@ def test_a_scheduled_runs_secret_is_its_own_kept_whole_and_a_missing_one_skips_i
     """Finding 5 of issue 53: a value over several lines (a PEM key) made the reaper's environment
     file unreadable, every schedule skipped and `orch reaper install` raise ValueError. Each
     schedule's secrets are now its own file (0600), read back whole; reaper.env holds none."""
-    from orchestrator import reaper_timer, scheduling
+    from orchestrator.reaper import reaper_timer
+    from orchestrator.schedules import scheduling
 
     token = ("-----BEGIN PRIVATE KEY-----\n" + os.urandom(12).hex() + "\nit's \"quoted\" $HOME `x`\n"
              "-----END PRIVATE KEY-----\n")
@@ -610,7 +611,7 @@ def test_a_schedule_row_naming_a_provider_key_is_skipped_and_the_key_never_reach
     not stored for that schedule, is skipped with the reason; the other schedules still run."""
     from sqlalchemy import text
 
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     token = "sched-" + os.urandom(12).hex()
     provider_key = "rpa_" + os.urandom(16).hex()
@@ -649,7 +650,7 @@ def test_a_schedule_row_naming_a_provider_key_is_skipped_and_the_key_never_reach
 
 def test_schedule_add_refuses_a_provider_key_unless_allowed_and_then_stores_it_for_that_schedule_alone(orch_home,
                                                                                                        tmp_path):
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     key = "rpa_" + os.urandom(16).hex()
     task = secret_task(tmp_path, "keyed", "[RUNPOD_API_KEY]")
@@ -672,7 +673,7 @@ def test_schedule_add_refuses_a_provider_key_unless_allowed_and_then_stores_it_f
 
 # -- the commands --------------------------------------------------------------------------------
 def test_pause_resume_run_replace_and_rm(orch_home, tmp_path):
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     work = tmp_path / "work"
     write(work / "msg.txt", "one\n")
@@ -709,7 +710,7 @@ def test_pause_resume_run_replace_and_rm(orch_home, tmp_path):
 
 # -- two reapers, one PostgreSQL ledger ----------------------------------------------------------
 def test_two_passes_claim_one_occurrence_once_on_sqlite(orch_home, tmp_path):
-    from orchestrator import ledger_schedules as ls
+    from orchestrator.schedules import ledger_schedules as ls
 
     run_orch("schedule", "add", "-f", write(tmp_path / "t.yaml", "name: c\nresources: {cpu: true}\nrun: 'true'\n"),
              "--cron", "@daily", check=0)
@@ -724,19 +725,19 @@ def test_two_passes_claim_one_occurrence_once_on_sqlite(orch_home, tmp_path):
 
 
 def cron_utc(dt):
-    from orchestrator import cron
+    from orchestrator.schedules import cron
 
     return cron.utc(dt)
 
 
-RACE = ("import json, sys\nfrom datetime import datetime\nfrom orchestrator.lifecycle import Orch\n"
+RACE = ("import json, sys\nfrom datetime import datetime\nfrom orchestrator.instances.lifecycle import Orch\n"
         "from orchestrator import scheduling\n")
 CONNECTED = 'orch = Orch.open(actor="reaper", say=lambda m: None)\norch.ledger.revision()\n'
 PASS = "print(json.dumps(scheduling.run_due(orch, datetime.fromisoformat(sys.argv[1]))))\n"
 
 
 def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_home, tmp_path, pg_url):
-    from orchestrator import ledger_schedules as ls
+    from orchestrator.schedules import ledger_schedules as ls
 
     task = write(tmp_path / "t.yaml", "name: team\nresources: {cpu: true}\nrun: 'true'\n")
     run_orch("schedule", "add", "-f", task, "--cron", "*/5 * * * *", check=0)
@@ -756,7 +757,7 @@ def test_two_reapers_on_one_postgresql_ledger_launch_each_occurrence_once(orch_h
     # The occurrence's row itself, inserted at once over six connections of their own: one wins.
     import threading
 
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     ledgers = [Ledger(pg_url) for _ in range(6)]
     other, ready, answers = cron_utc(s.due_at) + timedelta(days=1), threading.Barrier(6), []
@@ -831,8 +832,8 @@ def test_a_run_held_outside_its_window_shows_when_it_will_run_and_that_it_waits(
         run: echo hi
         """)
     run_orch("schedule", "add", "-f", task, "--cron", "* * * * *", "--window", window, check=0)
-    from orchestrator import ledger_schedules as ls
-    from orchestrator import scheduling
+    from orchestrator.schedules import ledger_schedules as ls
+    from orchestrator.schedules import scheduling
 
     orch = reaper()
     ls.change(orch.ledger, schedule(orch, "late").id, due_at=now)  # due this minute, not a wait for the next

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.conftest import needs_torch, run_orch
 from tests.clouds import configure, local_billing, open_orch, orch_proc, wait_for
 from tests.fakes.hosts import command_lines

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from orchestrator import remote
+from orchestrator.ssh import remote
 from playbooks import host as on_host
 from tests.clouds import arrange, open_orch
 from tests.conftest import run_orch

@@ -160,7 +160,7 @@ def test_a_new_kinds_provisioning_makes_its_machines_ready_before_its_launch(orc
     package of it anywhere else."""
     from orchestrator import jobs
     from orchestrator.jobs.kinds import KINDS
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
 
     monkeypatch.setitem(KINDS, NoteKind.key, ProvisionedNoteKind)
@@ -180,7 +180,7 @@ def test_run_resume_of_a_training_is_checked_for_its_files_not_refused_as_a_repl
     """`orch run NAME --data DS --resume` is asked for the run's last.pt (it used to be refused
     always, as if --replace had been given with it), and an ended training's files are kept unless
     --replace is given."""
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     ds = dataset.synth(tmp_path / "ds", n_train=2, n_val=1)
     got = run_orch("run", "rs", "--data", ds, "--cpu", "--resume", check=2)

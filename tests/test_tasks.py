@@ -217,7 +217,7 @@ def test_a_project_folder_under_your_home_is_a_workdir_as_before(orch_home, tmp_
 def test_orch_home_is_never_in_a_pack_whatever_the_folder(orch_home, tmp_path, monkeypatch):
     """$ORCH_HOME (the ledger, reaper.env with the provider keys) is left out of any folder's list of
     what to send, and a folder that holds it is refused before anything is packed."""
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
     from orchestrator.errors import UsageError
 
     proj = tmp_path / "proj"
@@ -562,7 +562,7 @@ def test_a_lost_pod_is_relaunched_by_the_reaper_and_the_command_resumes_from_its
 
 # -- the examples -------------------------------------------------------------------------------
 def test_the_examples_plan_with_dry_run_and_rent_nothing(orch_home, tmp_path, runpod):
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     fake, env = runpod
     ds = dataset.synth(tmp_path / "ds", n_train=4, n_val=2, imgsz=64)
@@ -671,7 +671,7 @@ def test_the_instance_lists_and_unpacks_nothing_outside_its_folder(tmp_path):
 
 
 def test_the_workdir_leaves_out_what_gitignore_and_orchignore_name(tmp_path):
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
 
     root = tmp_path / "w"
     for rel in ("train.py", "src/model.py", "src/__pycache__/model.pyc", "data/big.bin", "data/keep.bin",
@@ -699,7 +699,7 @@ def _billion_laughs() -> str:
 def test_a_yaml_alias_bomb_is_refused_at_once(orch_home, tmp_path):
     """403 bytes of aliases took 10-35 s and 1.1 GB to read (issue 42): an alias is refused, so every
     value is read once; the refusal names its line, exit 2, nothing created."""
-    from orchestrator import task
+    from orchestrator.tasks import task
     from orchestrator.errors import UsageError
 
     text = _billion_laughs()
@@ -720,7 +720,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once(orch_home, tmp_path):
 def test_a_hard_linked_file_arrives_and_git_never_leaves(tmp_path):
     """A second name of a file was packed as a tar hard link, which the instance (regular files only)
     dropped without a word; `!.git/` in .orchignore sent .git, which never leaves."""
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
 
     tree = on_instance("tree")
     root = tmp_path / "w"

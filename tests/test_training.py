@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from tests.clouds import wait_for
 from tests.conftest import needs_torch, on_instance, run_orch
 

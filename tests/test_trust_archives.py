@@ -190,7 +190,7 @@ def _as_the_instance_runs_it(path: Path) -> dict:
 def test_each_hostile_archive_is_refused_by_every_check_and_runs_nothing(archives, name):
     import torch
 
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
     from orchestrator.errors import UsageError
 
     path, mark = archives[name]
@@ -227,7 +227,7 @@ def test_python_s_zipfile_alone_sees_a_plain_checkpoint_in_them(archives, name):
 def test_a_plain_torch_save_checkpoint_passes_every_check_and_loads(archives):
     import torch
 
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
 
     path, _ = archives["plain"]
     assert checkpoint.check(str(path))["loads"] and checkpoint.check(str(path))["epoch"] == 3
@@ -471,7 +471,7 @@ def test_an_archive_of_too_many_records_is_refused(tmp_path):
 def test_the_check_at_home_runs_in_a_child_that_cannot_take_the_controller_s_memory(tmp_path, monkeypatch):
     """Whatever the script's own bounds missed costs the child, refused, never the controller: here the
     child's memory cap is set below what a check needs, and the answer is a refusal that says so."""
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
 
     path = tmp_path / "last.pt"
     _save(path, "x" * (8 << 20))  # 8 MB of text in its pickle: reading it takes that much more

@@ -20,7 +20,8 @@ from tests.conftest import run_orch
 
 def make_job(home, work, name: str, **fields) -> str:
     """A planned command job as `orch run -f` records it (its workdir packed in orch's cache); its id."""
-    from orchestrator import jobs, workdir
+    from orchestrator import jobs
+    from orchestrator.tasks import workdir
     from orchestrator.jobs.kinds import CommandSpec
     from orchestrator.provider import Request
 
@@ -114,7 +115,8 @@ def test_a_tampered_spec_is_refused_by_the_reaper_and_by_jobs_show(orch_home, tm
 def test_a_packed_workdir_comes_from_orchs_cache_alone_and_a_changed_workdir_is_refused(orch_home, tmp_path):
     """A row may name any tar and any folder: the tar is taken from orch's cache by its name (its
     content hashing to it), and a folder packed again must give that same tar."""
-    from orchestrator import jobs, workdir
+    from orchestrator import jobs
+    from orchestrator.tasks import workdir
     from orchestrator.errors import UsageError
 
     work = tmp_path / "work"
@@ -215,7 +217,7 @@ def test_a_job_row_naming_a_provider_key_fails_before_renting_and_the_key_never_
 def test_a_provider_key_handed_to_a_job_on_this_machine_goes_with_its_relaunch(orch_home, tmp_path):
     """`--allow-secret` is kept at home for that job (its id), so the job's next launch, from the
     ledger's row, still gets the key it was given on purpose."""
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
     from orchestrator.jobs import record
 
     key = "rpa_" + os.urandom(16).hex()

@@ -16,7 +16,7 @@ import typer
 
 import pytest
 
-from orchestrator import dataset
+from orchestrator.tasks import dataset
 from playbooks import pull as pulling
 from tests.clouds import arrange, open_orch
 from tests.conftest import needs_torch, run_orch
@@ -341,7 +341,8 @@ def test_a_silent_endpoint_prints_no_library_traceback(orch_home):
     """paramiko's transport thread prints its own traceback for a silent endpoint: not here."""
     import socket
 
-    from orchestrator import config, remote
+    from orchestrator import config
+    from orchestrator.ssh import remote
     from orchestrator.errors import SSHError
 
     silent = socket.socket()

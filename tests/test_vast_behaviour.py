@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from orchestrator import policy as policies
+from orchestrator.money import policy as policies
 from orchestrator import states
 from orchestrator.provider import Request, Status
 from tests.clouds import open_orch, orch_proc, vast, wait_for  # noqa: F401  (fixtures)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reach
+from orchestrator.ssh import reach
 from orchestrator.errors import AuthError, NoCapacity, ProviderError, SSHError, UsageError
 from orchestrator.provider import Endpoint, Request, label_for
-from orchestrator.reach import tcp_open
+from orchestrator.ssh.reach import tcp_open
 from orchestrator.provider import Status
-from orchestrator.remote import connect, run
+from orchestrator.ssh.remote import connect, run
 from providers.vastai import VastAIProvider, vast_gpu_name
 from tests.fakes.vast_api import PROXY_HOST, FakeVast
 

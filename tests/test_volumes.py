@@ -31,7 +31,7 @@ def volumes() -> dict[str, dict]:
 
 def make(name: str, size: int = 5) -> None:
     """A volume made as `orch volume create` makes it, in this process (the CLI's own is tested above)."""
-    from orchestrator import volumes as made
+    from orchestrator.volumes import volumes as made
 
     made.create(open_orch(), name, "local", size, None)
 
@@ -44,7 +44,7 @@ def mounting(name: str, *flags: str):
     (``volume_mounts.record``) and each made ready and checked as the login user
     (``volume_mounts.make_ready``). `orch up --volume` itself: the group and the cannot-be-mounted
     tests below."""
-    from orchestrator import volume_mounts, volume_uses
+    from orchestrator.volumes import volume_mounts, volume_uses
     from orchestrator.provider import Request
 
     orch = open_orch()
@@ -61,7 +61,7 @@ def job_json(name: str) -> dict:
 
 
 def volume_events(name: str) -> list[tuple]:
-    from orchestrator import ledger_volumes
+    from orchestrator.volumes import ledger_volumes
 
     ledger = open_orch().ledger
     row = next(r for r in ledger_volumes.rows(ledger, live_only=False) if r.name == name)
@@ -262,7 +262,8 @@ def test_a_volume_that_cannot_be_mounted_ends_the_instance_and_is_kept(orch_home
 def staged_birds(tmp_path: Path, *instances: str):
     """A volume ``ds`` mounted at ~/v by each of ``instances`` and orch's tiny synthetic dataset
     packed as `orch run --data` packs it: (orch, the spec, the dataset's folder on the volume)."""
-    from orchestrator import dataset, training
+    from orchestrator.tasks import dataset
+    from orchestrator.runs import training
 
     make("ds")
     for name in instances:
@@ -277,7 +278,7 @@ def staged_birds(tmp_path: Path, *instances: str):
 
 def stage_on(orch, spec, name: str = "box") -> tuple[str, str]:
     """The dataset staged as a training on ``name`` stages it: (its data.yaml there, the line said)."""
-    from orchestrator import training
+    from orchestrator.runs import training
 
     inst, said = orch.ledger.by_name(name), []
     with orch.connect(inst) as c:
@@ -447,7 +448,7 @@ def test_a_ledger_record_whose_data_yaml_leaves_the_folder_is_not_used(orch_home
     leaves the dataset's folder is no record, and the dataset is staged again."""
     from sqlalchemy import update
 
-    from orchestrator.ledger_volumes import StagedDataset
+    from orchestrator.volumes.ledger_volumes import StagedDataset
 
     orch, spec, on_volume = staged_birds(tmp_path, "box")
     stage_on(orch, spec)
@@ -471,7 +472,7 @@ def test_a_dry_run_says_the_plan_goes_where_the_volume_lives(orch_home):
 
 
 def test_offers_are_ranked_only_where_the_volume_lives(orch_home):
-    from orchestrator import offers
+    from orchestrator.money import offers
     from orchestrator.provider.model import Offer, Volume
     from providers.local import LocalProvider
 
@@ -505,7 +506,7 @@ def test_a_lost_job_is_relaunched_where_its_volume_is_and_finds_what_it_wrote(or
 
 
 def test_a_relaunch_whose_volume_is_gone_fails_with_one_line(orch_home):
-    from orchestrator import volume_mounts
+    from orchestrator.volumes import volume_mounts
     from orchestrator.errors import UsageError
     from orchestrator.provider import Request
 

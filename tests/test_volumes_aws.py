@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reach
-from orchestrator import remote as ssh
+from orchestrator.ssh import reach
+from orchestrator.ssh import remote as ssh
 from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider import Request, label_for
 from orchestrator.provider.model import Mount

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import reach
-from orchestrator import remote as ssh
+from orchestrator.ssh import reach
+from orchestrator.ssh import remote as ssh
 from orchestrator.errors import NoCapacity, ProviderError, UsageError
 from orchestrator.provider import Offer, Request, label_for
 from orchestrator.provider.model import Mount

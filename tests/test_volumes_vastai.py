@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from orchestrator import reach
+from orchestrator.ssh import reach
 from orchestrator.errors import ProviderError, UsageError
 from orchestrator.provider import Request, label_for
 from orchestrator.provider.model import HOURS_PER_MONTH, Mount
-from orchestrator.remote import connect, run
+from orchestrator.ssh.remote import connect, run
 from playbooks import volumes as mounting
 from providers.vastai import VastAIProvider
 from tests.fakes.hosts import sshd_available

@@ -53,7 +53,7 @@ Path("out/steps.txt").write_text((ckpt / "steps.txt").read_text())
 
 def ledger():
     from orchestrator import config
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     return Ledger(config.database_url())
 
@@ -269,7 +269,8 @@ def test_a_group_job_prints_each_nodes_progress(orch_home):
 
 # -- one watcher per ledger ----------------------------------------------------------------------------
 def test_a_second_watcher_leaves_at_once_and_a_bad_interval_is_refused(orch_home):
-    from orchestrator import claims, watcher
+    from orchestrator.ledger import claims
+    from orchestrator.reaper import watcher
 
     led = ledger()
     with claims.hold(led, watcher.CLAIM):
@@ -306,7 +307,7 @@ def test_a_scheduled_run_started_by_hand_is_watched_and_stopped_for_max_cost_wit
 
 
 def test_a_run_a_reaper_pass_by_hand_starts_is_watched_to_its_completion(orch_home, tmp_path):
-    from orchestrator import ledger_schedules
+    from orchestrator.schedules import ledger_schedules
 
     task = write(tmp_path / "task.yml", """
         name: tick

@@ -34,7 +34,7 @@ def say(msg: str) -> None:
 
 def open_orch(actor: str = "cli", lazy: bool = False):
     """Orch for a command; ``lazy``: its ledger opens at first use (``Orch.open``)."""
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
 
     return Orch.open(actor=actor, say=say, lazy=lazy)
 
@@ -63,7 +63,7 @@ def names(what: str, incomplete: str) -> list[str]:
     for shell completion, through ``ledger_sql`` (a SQLite ledger with the standard library: a
     Tab must answer at once); nothing when they cannot be read."""
     try:
-        from orchestrator import ledger_sql
+        from orchestrator.ledger import ledger_sql
 
         found = sorted({row["name"] for row in ledger_sql.live(("name",))}) if what == "instances" else \
             ledger_sql.names(what)
@@ -87,6 +87,6 @@ def complete_names(command, path: tuple[str, ...] = ()) -> None:
 def instance_named(orch, name: str, node: int | None = None):
     """The live instance a command names; a group's name stands for its node ``node`` (default
     its head, rank 0)."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     return groups.resolve(orch, name, node)

@@ -11,7 +11,7 @@ from orchestrator.cli.app import app, emit_json, open_orch
 @app.command("budget")
 def show(as_json: bool = typer.Option(False, "--json", help="As JSON.")):
     """The budget: spent this period (instances, volumes, schedules), committed by running jobs, left."""
-    from orchestrator import budget
+    from orchestrator.money import budget
 
     if not budget.limits()[0]:  # before anything is opened
         if as_json:

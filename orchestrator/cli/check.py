@@ -25,7 +25,7 @@ def check(
     and, with --live, a whole cycle with each step's time and the money spent. Exit 0 only when every
     step held."""
     from orchestrator import account_check as checking
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
 
     if not 1 <= deadline <= 240:
         raise UsageError(f"--deadline must be between 1 and 240 minutes, not {deadline:g}")
@@ -49,7 +49,7 @@ def check(
 def _every(deadline: float, as_json: bool) -> None:
     """Every installed provider: those without a key are skipped, named with what to set."""
     from orchestrator import account_check as checking
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
 
     orch = open_orch(actor="check")
     reports, skipped = [], []

@@ -12,7 +12,7 @@ from orchestrator.errors import UsageError
 def dashboard(port: int = typer.Option(8421, help="Local port on 127.0.0.1 (the next free one if taken).")):
     """A local web page of every instance, its spend and its runs' loss curves; reads the ledger and
     changes nothing. JSON for scripts: /api/instances, /api/instances/NAME, /api/spend, /api/runs."""
-    from orchestrator import dashboard as board
+    from orchestrator.views import dashboard as board
 
     if not 1024 <= port <= 65535:
         raise UsageError(f"--port must be between 1024 and 65535, not {port}")

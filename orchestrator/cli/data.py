@@ -17,7 +17,7 @@ app.add_typer(data_app, name="data")
 def data_push(folder: str = typer.Argument(..., help="A YOLO dataset folder with data.yaml."),
               repo: str = typer.Argument(..., help="The Hugging Face dataset repo, ORG/REPO.")):
     """Pack a dataset as one tar and upload it to a Hugging Face dataset repo (HF_TOKEN from the environment)."""
-    from orchestrator import hub
+    from orchestrator.tasks import hub
 
     uri = hub.push_dataset(Path(folder).expanduser(), repo, token=os.environ.get("HF_TOKEN"))
     out(f"pushed: train from it with `orch up NAME --data {uri}`")

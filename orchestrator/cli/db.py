@@ -14,7 +14,7 @@ app.add_typer(db_app, name="db")
 def db_upgrade():
     """Apply the ledger's migrations (also done automatically on first use)."""
     from orchestrator import config
-    from orchestrator.ledger import Ledger
+    from orchestrator.ledger.ledger import Ledger
 
     ledger = Ledger(config.database_url(), upgrade=False)
     ledger.upgrade()

@@ -15,7 +15,9 @@ def demo(epochs: int = typer.Option(3, help="Epochs of the tiny CPU training."),
     import secrets
     import time
 
-    from orchestrator import dataset, plugins, runs, training
+    from orchestrator.tasks import dataset
+    from orchestrator.provider import plugins
+    from orchestrator.runs import runs, training
     from orchestrator.provider import Request
 
     if not 1 <= epochs <= 100:

@@ -52,7 +52,7 @@ def exec_(
 ):
     """Run a command on a machine of yours that is up: no new rental, its setup reused; the output
     printed and the command's exit code returned (--detach: it goes on alone)."""
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)  # before anything is opened: a refusal creates no ledger
     if output and detach:
@@ -86,7 +86,7 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
     """The command to run, checked as `orch run` checks a task's (every refusal one line, exit 2)."""
     import shlex
 
-    from orchestrator import task
+    from orchestrator.tasks import task
     from orchestrator.jobs import request
 
     if file is not None:
@@ -126,7 +126,9 @@ def _command_spec(file, command, env: list[str], secret: list[str], workdir: str
 def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
     """The command started on NAME (every node of a group), under the instance's claim; (nodes, the
     head's run). Refused when NAME is not ready, belongs to a job, or still runs something."""
-    from orchestrator import claims, groups, states
+    from orchestrator import states
+    from orchestrator.ledger import claims
+    from orchestrator.instances import groups
     from orchestrator.jobs.kinds import CommandKind
 
     head = instance_named(orch, name)
@@ -144,7 +146,8 @@ def start(orch, name: str, cmd, allowed: frozenset = frozenset()):
 def _refuse_busy(orch, name: str, head, nodes) -> None:
     """A machine a job runs on is the job's (its engine reads its latest run); one whose last run
     still runs would have two commands and one record of them."""
-    from orchestrator import jobs, runs
+    from orchestrator import jobs
+    from orchestrator.runs import runs
 
     ids = {n.id for n in nodes}
     for job in orch.ledger.jobs(jobs.ACTIVE):
@@ -165,7 +168,7 @@ def follow(orch, head, run, cmd) -> dict:
     it ends; the command kind's last view of it (state, exit_code, phase)."""
     from orchestrator.cli.instances import _printable
     from orchestrator.jobs.kinds import CommandKind
-    from orchestrator.task import held_secrets
+    from orchestrator.tasks.task import held_secrets
     from playbooks import command
 
     hide, _ = held_secrets(cmd.secrets)
@@ -193,7 +196,7 @@ def follow(orch, head, run, cmd) -> dict:
 def _bring_home(orch, head, run, cmd) -> tuple[Path, list[str]]:
     """The run's log and status (each node's), and the task's outputs, home (verified) to
     $ORCH_HOME/runs/NAME; (there, the outputs found)."""
-    from orchestrator import runs
+    from orchestrator.runs import runs
     from orchestrator.jobs.kinds import CommandKind
 
     where = runs.pulled_dir(orch, head.group_name if (head.group_size or 1) > 1 else head.name)

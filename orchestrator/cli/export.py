@@ -18,7 +18,8 @@ def _export(platform: str, name: str, data: Optional[str], model: str, epochs: i
             batch: Optional[int], save_period: Optional[int], train_arg: Optional[List[str]], push_to: Optional[str],
             gpu: Optional[str], gpus: int, max_hours: Optional[float], retries: int, volume: str,
             output: Optional[str], force: bool) -> None:
-    from orchestrator import export, jobs, training
+    from orchestrator import export, jobs
+    from orchestrator.runs import training
     from orchestrator.errors import UsageError
 
     # Every check before anything is written.

@@ -2,7 +2,7 @@
 
 A group's name stands for its head (rank 0) where one machine is meant (logs, pull, monitor,
 ``orch ssh NAME``; ``orch ssh NAME --node R`` for another), and for every node where the group is
-meant as one (status shows them together, down ends them all). What a group is: ``orchestrator.groups``.
+meant as one (status shows them together, down ends them all). What a group is: ``orchestrator.instances.groups``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from orchestrator.text import clean
 
 def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_timeout, wait: bool,
        as_json: bool) -> None:
-    from orchestrator import groups, plugins, runs, training
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
+    from orchestrator.runs import runs, training
 
     orch = open_orch()
     provider = provider or plugins.default_provider()
@@ -28,7 +30,7 @@ def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_ti
     holder = {}
 
     def launch(ready):
-        from orchestrator import group_training
+        from orchestrator.runs import group_training
 
         holder["run"] = group_training.launch(orch, ready, spec)
 
@@ -45,7 +47,7 @@ def up(name, provider, request, nodes, *, spec, policy, disk_given: bool, ssh_ti
 
 
 def show(orch, name: str, nodes, as_json: bool, run=None) -> None:
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.views.instances import model_dict, run_dict
 
     data = {"group": name, "nodes": [model_dict(n) for n in nodes], "price_hr": groups.hourly(nodes),
@@ -69,7 +71,7 @@ def show(orch, name: str, nodes, as_json: bool, run=None) -> None:
 def status(orch, name: str, as_json: bool) -> bool:
     """`orch status NAME` for a group: every node, then rank 0's run as for one instance. False
     when NAME is no group (an instance of that name comes first)."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     if orch.ledger.by_name(name, live_only=False) is not None:
         return False
@@ -98,7 +100,7 @@ def status(orch, name: str, as_json: bool) -> bool:
 
 def _run_view(orch, head, run) -> dict:
     """Rank 0's run: it alone writes checkpoints, status.json and metrics.jsonl."""
-    from orchestrator import runs
+    from orchestrator.runs import runs
     from orchestrator.errors import OrchError
     from orchestrator.views.instances import run_dict
 
@@ -116,7 +118,9 @@ def _run_view(orch, head, run) -> dict:
 def down(orch, name: str, no_pull: bool) -> bool:
     """`orch down NAME` for a group: rank 0's run home (unless --no-pull), then every node at once.
     False when NAME is no group."""
-    from orchestrator import claims, groups, runs
+    from orchestrator.ledger import claims
+    from orchestrator.instances import groups
+    from orchestrator.runs import runs
     from orchestrator.errors import OrchError
 
     nodes = groups.live(orch.ledger, name)

@@ -54,7 +54,9 @@ def up(
     as_json: bool = typer.Option(False, "--json", help="Print the instance as JSON."),
 ):
     """Rent an instance, provision it, prove the device works, and (with --data) start training."""
-    from orchestrator import config, plugins, training
+    from orchestrator import config
+    from orchestrator.provider import plugins
+    from orchestrator.runs import training
     from orchestrator.jobs.request import check_up_options, refuse_reached, renter
 
     policy, spec, request = check_up_options(
@@ -63,7 +65,7 @@ def up(
         save_period=save_period, train_arg=train_arg, push_to=push_to, resume=resume, idle_minutes=idle_minutes,
         max_hours=max_hours, on_idle=on_idle, rebuild_cost=rebuild_cost, nodes=nodes, volume=volume)
     if volume:  # the volumes' provider rents, and its create mounts them (``volume_mounts``)
-        from orchestrator import volume_mounts, volume_uses
+        from orchestrator.volumes import volume_mounts, volume_uses
 
         placed = volume_mounts.for_cli(volume_uses.flags(volume), nodes, [provider] if provider else None)
         request = placed.request(request)
@@ -93,7 +95,7 @@ def up(
         refuse_reached(config.home() / "runs" / name, epochs)
         pulled = config.home() / "runs" / name / "weights" / "last.pt"
         if pulled.exists():  # the copy a new instance would be given: checked before anything is opened
-            from orchestrator import checkpoint_vet
+            from orchestrator.runs import checkpoint_vet
 
             checkpoint_vet.refuse_unsafe(pulled)
     orch = open_orch()
@@ -112,7 +114,7 @@ def up(
             request = replace(request, disk_gb=disk)
             say(f"      disk: {why}")
     if cheapest:
-        from orchestrator import offers
+        from orchestrator.money import offers
 
         provider, request = offers.pick_cheapest(orch, request, spec, providers=[provider] if provider else None)
     provider = plugins.default_provider() if provider is None else provider
@@ -135,7 +137,7 @@ def up(
 def refuse_over_budget(what: str, provider, request, nodes: int, hours: float | None) -> None:
     """``[budget]``: an instance whose known price for ``hours`` (``--max-hours``) does not fit what
     is left, or any once nothing is left, is refused (exit 2) before anything is made."""
-    from orchestrator import budget
+    from orchestrator.money import budget
 
     if not budget.limits()[0]:
         return
@@ -144,7 +146,7 @@ def refuse_over_budget(what: str, provider, request, nodes: int, hours: float | 
 
 
 def _after_launch(orch, inst, run, wait: bool, as_json: bool) -> None:
-    from orchestrator import runs
+    from orchestrator.runs import runs
 
     view = runs.follow(orch, inst, run) if wait else None
     if view:
@@ -186,15 +188,15 @@ def status(
         from orchestrator.views import fleet
 
         if refresh:
-            from orchestrator.sync import refresh_all
+            from orchestrator.instances.sync import refresh_all
 
             for provider, why in refresh_all(open_orch()):
                 say(f"orch: warning: {provider} could not be asked ({why}): its instances are as the ledger last saw them")
         fleet.show(all_, as_json, refreshed=refresh)
         return
-    from orchestrator import watchdog
+    from orchestrator.instances import watchdog
     from orchestrator.cli import groups
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
     from orchestrator.views.instances import iso, model_dict
 
     check_name(name)  # before anything is opened: a refusal creates no ledger
@@ -215,7 +217,7 @@ def status(
     if run is not None:
         data["run"] = _run_view(orch, inst, run)
     events = orch.ledger.events(inst.id)
-    from orchestrator import volumes
+    from orchestrator.volumes import volumes
 
     data["volumes"] = [{"volume": v["volume"], "path": v["path"]} for v in volumes.attached(orch.ledger).get(inst.id, [])]
     data["events"] = [{"at": iso(e.at), "from": e.from_state, "to": e.to_state,
@@ -259,7 +261,7 @@ _STATE_HINTS = {
 
 def _run_view(orch, inst, run) -> dict:
     """The run from status.json when the instance is up (pulling new milestones), else the ledger's."""
-    from orchestrator import runs
+    from orchestrator.runs import runs
     from orchestrator.views.instances import run_dict
 
     if inst.state != "ready" or not run.run_dir:
@@ -282,8 +284,9 @@ def _run_view(orch, inst, run) -> dict:
 def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Argument(None),
         node: Optional[int] = typer.Option(None, "--node", help="A group's node, by rank (default 0, the head).")):
     """Open a shell on the instance, or run a command: orch ssh NAME -- CMD ..."""
-    from orchestrator import groups, ssh_exec
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances import groups
+    from orchestrator.ssh import ssh_exec
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     if node is not None and not 0 <= node < groups.MAX_NODES:
@@ -306,9 +309,9 @@ def ssh(name: str = typer.Argument(...), command: Optional[List[str]] = typer.Ar
 @app.command()
 def stop(name: str):
     """Stop the instance: compute stops billing, the disk is kept (and may still bill)."""
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     check_name(name)
     orch = open_orch()
@@ -323,12 +326,12 @@ def start(name: str,
           timeout: Optional[float] = typer.Option(None, help="Minutes to wait for the provider to give the GPU "
                                                            "back (default 5); then it is stopped again.")):
     """Start a stopped instance on the same disk, and make it ready again (provision, verify, watchdog)."""
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     if timeout is not None and not 0 < timeout <= 24 * 60:
         raise UsageError(f"--timeout must be minutes above 0 and at most 1440, not {timeout}")
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     orch = open_orch()
     inst = instance_named(orch, name)
@@ -344,9 +347,9 @@ def down(names: Optional[List[str]] = typer.Argument(None, metavar="NAME...", he
          no_pull: bool = typer.Option(False, "--no-pull", help="Destroy without pulling the weights first.")):
     """Pull the weights, then destroy the instances and everything on them; billing ends. Asks first
     when one is training or with --all (without a terminal to ask, --yes is needed)."""
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.cli import groups as group_commands
 
     if all_ == bool(names):
@@ -411,7 +414,7 @@ def _confirm(question: str, why: str) -> None:
 
 
 def _down(orch, inst, no_pull: bool) -> None:
-    from orchestrator import claims
+    from orchestrator.ledger import claims
 
     with claims.hold(orch.ledger, inst.name):  # nobody else pulls or moves it between the pull and the destroy
         inst = orch.ledger.get(inst.id)
@@ -423,7 +426,7 @@ def _down(orch, inst, no_pull: bool) -> None:
 
 
 def _pull_or_refuse(orch, inst, run) -> None:
-    from orchestrator import runs
+    from orchestrator.runs import runs
 
     if inst.state != "ready":
         if run.pulled_at is None:
@@ -443,8 +446,8 @@ def pull(name: str, dest: Optional[str] = typer.Option(None, help="Where to put 
     """Bring the run's weights and files home (only what changed)."""
     from pathlib import Path
 
-    from orchestrator import runs
-    from orchestrator.lifecycle import check_name
+    from orchestrator.runs import runs
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     orch = open_orch()
@@ -462,7 +465,7 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     """Tail the training's train.log on the instance."""
     import shlex
 
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
     from playbooks import host
     from playbooks import runs as run_tasks
 
@@ -481,8 +484,8 @@ def logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", help="K
     if run is None:  # an empty answer would read as "the training printed nothing"
         raise UsageError(f"{name} has no training run, so no log (`orch up {name} --data ...` or `orch run` "
                          "starts one)")
-    from orchestrator.task import held_secrets
-    from orchestrator.runs import run_secrets
+    from orchestrator.tasks.task import held_secrets
+    from orchestrator.runs.runs import run_secrets
 
     hide, missing = held_secrets(run_secrets(run))
     if missing:  # what the command printed may show them, and this process cannot hide them
@@ -527,7 +530,7 @@ def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next
     """Forward libreyolo monitor on the instance to 127.0.0.1 on this machine."""
     import time
 
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
     from playbooks import train
 
     check_name(name)

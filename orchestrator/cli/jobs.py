@@ -173,7 +173,7 @@ app.command("run")(run)
 
 def _watched(orch, name: str) -> str:
     """What watches the job once `orch run` returns, in one line (``watcher.ensure``)."""
-    from orchestrator import watcher
+    from orchestrator.reaper import watcher
 
     return watcher.ensure(orch, name)
 
@@ -317,7 +317,8 @@ def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", he
               lines: int = typer.Option(50, "--lines", "-n", help="How many lines from the end."),
               node: int = typer.Option(None, "--node", help="A group job: node R's log (0, the head, by default).")):
     """The log of the job's current attempt (the pulled train.log once its instance is gone)."""
-    from orchestrator import groups, states
+    from orchestrator import states
+    from orchestrator.instances import groups
     from orchestrator.jobs.record import check_job_name, node_log, scrub, weights_dir
 
     check_job_name(name)  # before anything is opened: a refusal creates no ledger
@@ -349,7 +350,7 @@ def jobs_logs(name: str, follow: bool = typer.Option(False, "--follow", "-f", he
 
 def _node_now(orch, job, node: int):
     """Node ``node`` (0: the head) of the job's current attempt, or None."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     attempts = orch.ledger.attempts(job.id)
     inst = orch.ledger.get(attempts[-1].instance_id) if attempts and attempts[-1].instance_id else None
@@ -366,10 +367,11 @@ def _follow_log(orch, job, lines: int, node: int) -> None:
     """`orch jobs logs -f`: the log of the job's current attempt as it grows, the next attempt's
     after a relaunch, until the job ends; then what its pulled log holds past what was printed (the
     last lines, written after the last read). One SSH connection per attempt, read with SFTP."""
-    from orchestrator import jobs, states, watcher
+    from orchestrator import jobs, states
+    from orchestrator.reaper import watcher
     from orchestrator.errors import OrchError
     from orchestrator.jobs.record import node_log, secret_names, weights_dir
-    from orchestrator.task import held_secrets
+    from orchestrator.tasks.task import held_secrets
     from playbooks import host
 
     hide, missing = held_secrets(secret_names(job))

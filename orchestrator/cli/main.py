@@ -28,14 +28,14 @@ def _fast(args: list[str]):
         return lambda: fleet.show("--all" in flags or "-a" in flags, "--json" in flags)
     if args[:1] == ["cost"] and flags <= {"--json"}:
         def cost() -> None:
-            from orchestrator import budget
-            from orchestrator.lifecycle import Orch
+            from orchestrator.money import budget
+            from orchestrator.instances.lifecycle import Orch
 
             budget.show_cost(Orch.open(say=lambda m: print(m, file=sys.stderr), lazy=True).ledger, as_json="--json" in flags)
 
         return cost
     if args[:1] == ["reap"] and flags <= {"--dry-run", "--json"}:
-        from orchestrator import duty
+        from orchestrator.reaper import duty
 
         def reap() -> None:
             duty.fast("--dry-run" in flags, "--json" in flags)
@@ -43,7 +43,7 @@ def _fast(args: list[str]):
         # A real pass acts: it is never run twice, so its errors are said here, by the one boundary.
         return reap if "--dry-run" in flags else lambda: run(reap)
     if args[:1] == ["watch"]:  # the detached watcher `orch run` starts (``watcher``): not in --help
-        from orchestrator import watcher
+        from orchestrator.reaper import watcher
 
         return lambda: run(lambda: watcher.main(args[1:]))
     return None
@@ -99,7 +99,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - whatever it was, the full CLI says it properly (one line, its exit code)
             pass
     if args[:1] == ["ssh"]:
-        from orchestrator import ssh_exec
+        from orchestrator.ssh import ssh_exec
 
         ssh_exec.fast(args)  # execs ssh, or returns when the full CLI must answer
     run()

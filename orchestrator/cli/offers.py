@@ -74,7 +74,7 @@ def offers(
     Exit code 3: a partial answer (a provider failed or has no key; one error line each).
     """
     from orchestrator import gpus as gpu_table
-    from orchestrator import offers as o
+    from orchestrator.money import offers as o
 
     mode = _mode(spot, on_demand, both)
     if not 1 <= gpus <= 16:
@@ -85,7 +85,8 @@ def offers(
             raise UsageError(f"{flag} must be above 0 and at most {top:g}, not {value:g}")
     if imgsz is not None and not 32 <= imgsz <= 8192:
         raise UsageError(f"--imgsz must be between 32 and 8192, not {imgsz}")
-    from orchestrator import config, groups
+    from orchestrator import config
+    from orchestrator.instances import groups
 
     groups.check_nodes(nodes)
     if scaling is not None and nodes == 1:
@@ -99,7 +100,7 @@ def offers(
     if disk is None:
         disk = 20
         if job and job.data_bytes:
-            from orchestrator.dataset import suggest_disk_gb
+            from orchestrator.tasks.dataset import suggest_disk_gb
 
             disk, why = suggest_disk_gb(job.data_bytes, model, epochs, None)
             say(f"disk: {why}")
@@ -219,7 +220,7 @@ def trial(
     as_json: bool = typer.Option(False, "--json", help="The measurement as JSON."),
 ):
     """A short training on an instance: time per epoch, peak VRAM, and what bounds it (GPU, data loader, host)."""
-    from orchestrator import runs, training
+    from orchestrator.runs import runs, training
 
     if epochs is not None and steps is not None:
         raise UsageError("--epochs and --steps exclude each other")
@@ -228,7 +229,7 @@ def trial(
     if steps is not None and not 2 <= steps <= 10_000:
         raise UsageError(f"--steps must be between 2 and 10000, not {steps}")
     extra = training.parse_train_args(train_arg or [])
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     training.check_spec(training.TrainSpec(data=data, model=model, epochs=epochs or 2, imgsz=imgsz, batch=batch))
@@ -256,7 +257,7 @@ def trial(
                         + (f" ({view['error']})" if view.get("error") else ""))
     result = _measure(orch, inst, run, spec, samples_path, subset)
     args = json.loads(run.args or "{}")
-    from orchestrator.offers import TRIAL_KEY
+    from orchestrator.money.offers import TRIAL_KEY
 
     args[TRIAL_KEY] = result
     orch.ledger.update_run(run.id, mean_epoch_seconds=result["epoch_seconds"], peak_vram_gb=result["peak_vram_gb"],
@@ -269,7 +270,7 @@ def trial(
 
 
 def _refuse_if_training(orch, inst) -> None:
-    from orchestrator import runs
+    from orchestrator.runs import runs
 
     latest = orch.ledger.latest_run(inst.id)
     if latest is None or latest.state not in ("starting", "running", "stalled") or not latest.run_dir:
@@ -302,7 +303,7 @@ def _jsonl(text: str) -> list[dict]:
 
 
 def _measure(orch, inst, run, spec, samples_path: str, subset) -> dict:
-    from orchestrator import remote
+    from orchestrator.ssh import remote
 
     q = shlex.quote
     with orch.connect(inst) as c:
@@ -335,7 +336,7 @@ def _measure(orch, inst, run, spec, samples_path: str, subset) -> dict:
     peak = round(max(mem) / 1024, 2) if mem and not inst.cpu_only else None
     bound, why = bottleneck(inst.cpu_only, gpu_util, cpu_busy)
     from orchestrator import gpus as table
-    from orchestrator.offers import prior_seconds_per_image
+    from orchestrator.money.offers import prior_seconds_per_image
 
     rel = None if inst.cpu_only else table.relative(inst.gpu_name)
     expected = rel / prior_seconds_per_image(spec.model, spec.imgsz) if rel else None
@@ -379,7 +380,7 @@ def _epoch_time(iso: str | None) -> float | None:
 def _train_images(spec) -> int | None:
     if spec.data.startswith("hf://"):
         return None
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     return dataset.validate(Path(spec.data).expanduser(), doctor=False).n_images.get("train")
 
@@ -399,7 +400,7 @@ def _subset(data: str, count: int, home: Path) -> _Subset:
 
     import yaml
 
-    from orchestrator import dataset
+    from orchestrator.tasks import dataset
 
     if "://" in data:
         raise UsageError("--steps copies part of the dataset here: it needs a local folder, not a URI")

@@ -25,7 +25,7 @@ def reap(
                                            "(default: reaper_parallel in config.toml, else 8)."),
 ):
     """Stop or destroy what is idle, past its deadline, or stopped past its break-even (one pass)."""
-    from orchestrator import duty, reaper
+    from orchestrator.reaper import duty, reaper
     from orchestrator.parallel import MAX_BOUND
 
     if not 1 <= interval <= 86400:
@@ -53,7 +53,7 @@ def reap(
 def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h."),
                    backend: str = typer.Option("auto", help="auto, systemd, cron or loop.")):
     """Install the schedule (a systemd user timer, else a crontab entry, else a detached loop)."""
-    from orchestrator import reaper_timer
+    from orchestrator.reaper import reaper_timer
 
     seconds = reaper_timer.parse_every(every)  # both checked before anything is opened
     if backend != "auto" and backend not in reaper_timer.BACKENDS:
@@ -69,7 +69,7 @@ def reaper_install(every: str = typer.Option("5m", help="How often: 5m, 90s, 1h.
 @reaper_app.command("uninstall")
 def reaper_uninstall():
     """Remove the schedule."""
-    from orchestrator import reaper_timer
+    from orchestrator.reaper import reaper_timer
 
     info = reaper_timer.uninstall(open_orch().ledger)
     console().print(f"reaper schedule removed ({info['backend']})" if info else "no reaper schedule was installed")
@@ -78,7 +78,7 @@ def reaper_uninstall():
 @reaper_app.command("status")
 def reaper_status(as_json: bool = typer.Option(False, "--json", help="As JSON.")):
     """Whether the schedule is installed and running, and what the last pass did."""
-    from orchestrator import reaper_timer
+    from orchestrator.reaper import reaper_timer
 
     from rich.markup import escape
 
@@ -108,21 +108,22 @@ def cost(name: Optional[str] = typer.Argument(None, help="One instance (every on
          since: Optional[str] = typer.Option(None, help="From this date (2026-07-31), time, or span back (7d)."),
          as_json: bool = typer.Option(False, "--json", help="As JSON.")):
     """What each instance cost: running and stopped time at the price paid at launch, and idle waste."""
-    from orchestrator import cost as costs
+    from orchestrator.money import cost as costs
 
     start = costs.parse_since(since) if since else None  # checked before anything is opened
     if name is not None:
-        from orchestrator.lifecycle import check_name
+        from orchestrator.instances.lifecycle import check_name
 
         check_name(name)
-    from orchestrator import budget
+    from orchestrator.money import budget
 
     budget.show_cost(open_orch(lazy=True).ledger, name, start, as_json)  # read whole: SQLAlchemy only where SQLite cannot answer
 
 
 def _set_protected(name: str, on: bool) -> None:
-    from orchestrator import states, watchdog
-    from orchestrator.lifecycle import check_name
+    from orchestrator import states
+    from orchestrator.instances import watchdog
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)  # before anything is opened: a refusal creates no ledger
     orch = open_orch()

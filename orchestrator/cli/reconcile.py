@@ -18,7 +18,7 @@ LISTS = ("adopted", "lost", "destroyed", "failed", "found", "abandoned", "settle
 def reconcile(as_json: bool = typer.Option(False, "--json", help="The report as JSON.")):
     """Match the ledger with every provider's own list: adopt strays, mark the lost, settle what
     an interrupted orch left. A provider whose listing fails is reported and left alone (exit 1)."""
-    from orchestrator import reconcile as rec
+    from orchestrator.instances import reconcile as rec
 
     report = rec.reconcile(open_orch(actor=rec.ACTOR))
     if as_json:
@@ -46,8 +46,8 @@ def _line(p) -> str:
 def forget(name: str):
     """Close the row of an instance its provider confirms gone (one no reconcile could settle).
     Refused, exit 2, while the provider still shows it or cannot be asked."""
-    from orchestrator import reconcile as rec
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances import reconcile as rec
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     orch = open_orch()

@@ -27,7 +27,7 @@ STAMP = len("-YYYYMMDD-HHMM")
 
 def check_name(name: str) -> None:
     from orchestrator import jobs
-    from orchestrator.lifecycle import check_name as check
+    from orchestrator.instances.lifecycle import check_name as check
 
     longest = jobs.MAX_NAME - STAMP
     try:
@@ -77,8 +77,12 @@ def add(
     allow_secret: Optional[List[str]] = task_run.allow_secret_option(),
 ):
     """Add a schedule: the reaper's passes start each run as a job, named NAME-YYYYMMDD-HHMM."""
-    from orchestrator import config, credentials, cron, reaper_timer, schedule_secrets, scheduling, task
-    from orchestrator import ledger_schedules as ls
+    from orchestrator import config
+    from orchestrator.provider import credentials
+    from orchestrator.schedules import cron, schedule_secrets, scheduling
+    from orchestrator.reaper import reaper_timer
+    from orchestrator.tasks import task
+    from orchestrator.schedules import ledger_schedules as ls
 
     t, lines = task.load(file)
     sec = t.schedule
@@ -178,7 +182,7 @@ def add(
 
 def _provider(sub) -> str:
     """The provider a CPU task (or a given offer) rents at, as the plan takes it (``jobs.plan``)."""
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
 
     return (sub.spec.providers or [None])[0] or plugins.default_provider()
 
@@ -194,8 +198,8 @@ def _known_price(sub) -> float | None:
 def ls_(as_json: bool = typer.Option(False, "--json", help="As JSON (name cron tz next_run last_run last_skip "
                                                            "paused ...).")):
     """Every schedule: its cron and zone, its next run, its last run and outcome, its last skip and why."""
-    from orchestrator import ledger_schedules as ls
-    from orchestrator import scheduling
+    from orchestrator.schedules import ledger_schedules as ls
+    from orchestrator.schedules import scheduling
 
     orch = open_orch()
     rows = [scheduling.describe(orch, s) for s in ls.every(orch.ledger)]
@@ -221,7 +225,7 @@ def ls_(as_json: bool = typer.Option(False, "--json", help="As JSON (name cron t
 
 
 def _schedule(orch, name: str):
-    from orchestrator import ledger_schedules as ls
+    from orchestrator.schedules import ledger_schedules as ls
 
     check_name(name)
     s = ls.get(orch.ledger, name)
@@ -233,8 +237,9 @@ def _schedule(orch, name: str):
 @schedule_app.command("rm")
 def rm(name: str):
     """Remove the schedule (its runs so far stay, as jobs)."""
-    from orchestrator import jobs, schedule_secrets, scheduling
-    from orchestrator import ledger_schedules as ls
+    from orchestrator import jobs
+    from orchestrator.schedules import schedule_secrets, scheduling
+    from orchestrator.schedules import ledger_schedules as ls
 
     orch = open_orch()
     s = _schedule(orch, name)
@@ -248,7 +253,7 @@ def rm(name: str):
 @schedule_app.command("pause")
 def pause(name: str):
     """Start no run of it until `orch schedule resume`."""
-    from orchestrator import ledger_schedules as ls
+    from orchestrator.schedules import ledger_schedules as ls
 
     orch = open_orch()
     s = _schedule(orch, name)
@@ -260,8 +265,8 @@ def pause(name: str):
 @schedule_app.command("resume")
 def resume(name: str):
     """Start its runs again, from its next occurrence (what fell due while paused is not run)."""
-    from orchestrator import cron, scheduling
-    from orchestrator import ledger_schedules as ls
+    from orchestrator.schedules import cron, scheduling
+    from orchestrator.schedules import ledger_schedules as ls
 
     orch = open_orch()
     s = _schedule(orch, name)
@@ -276,7 +281,7 @@ def run(name: str):
     """One run now (outside the cron and the window; still under the ceilings, one at a time)."""
     import sys
 
-    from orchestrator import scheduling
+    from orchestrator.schedules import scheduling
 
     orch = open_orch()
     got = scheduling.run_now(orch, _schedule(orch, name))

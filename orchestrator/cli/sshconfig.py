@@ -20,7 +20,7 @@ def ssh_config(
 ):
     """Write an ssh_config with a Host orch-NAME entry per instance (pinned host keys) and print its
     path; orch keeps it current on every up, start, stop and down."""
-    from orchestrator import sshconfig
+    from orchestrator.ssh import sshconfig
 
     if install and uninstall:
         raise UsageError("--install and --uninstall exclude each other")

@@ -81,8 +81,8 @@ def _cannot_group(asked) -> list[str]:
 def _volumes(js) -> None:
     """Which volume each path mounts, and where ``HF_HOME`` goes (``volume_mounts.env``: the first
     volume's ``hf``, unless the task sets its own)."""
-    from orchestrator.volume_mounts import HF_DIR
-    from orchestrator.volume_uses import Use
+    from orchestrator.volumes.volume_mounts import HF_DIR
+    from orchestrator.volumes.volume_uses import Use
 
     uses = [Use.from_dict(u) for u in js.volumes or []]
     if not uses:
@@ -122,7 +122,7 @@ def print_list_prices(sub) -> bool:
     list prices orch ships for what it asks (``catalogue``), each marked "list price, DATE, not
     live". False where that is not so (a provider with a key answered, or the catalogue lists
     nothing of the kind): the plan's own refusal stands."""
-    from orchestrator import catalogue
+    from orchestrator.money import catalogue
     from orchestrator.jobs.request import renter
 
     js = sub.spec
@@ -159,14 +159,14 @@ def print_list_prices(sub) -> bool:
 
 
 def _provider_names() -> list[str]:
-    from orchestrator import plugins
+    from orchestrator.provider import plugins
 
     return list(plugins.providers())
 
 
 def _offers(js, choice) -> None:
     """The ranked offers the plan chose from, from its own listing (a CPU job or --offer ranks none)."""
-    from orchestrator import offers
+    from orchestrator.money import offers
 
     req = js.request
     if req.cpu or req.offer or choice.answer is None:

@@ -2,7 +2,7 @@
 
 Every argument is checked before anything is opened; ``rm`` asks first (without a terminal to ask
 on, it needs ``--yes``) and is refused while an instance mounts the volume. What a volume is and
-how orch keeps it: ``orchestrator.volumes``; using one: ``--volume NAME:PATH`` on ``orch up`` and
+how orch keeps it: ``orchestrator.volumes.volumes``; using one: ``--volume NAME:PATH`` on ``orch up`` and
 ``orch run``, a task file's ``volumes:``.
 """
 
@@ -29,7 +29,7 @@ def create(name: str = typer.Argument(..., help="Your name for it (lowercase let
            zone: Optional[str] = typer.Option(None, "--zone", help="Its availability zone (AWS: us-east-1a)."),
            as_json: bool = typer.Option(False, "--json", help="Print the volume as JSON.")):
     """Make a volume at PROVIDER: it bills from now until `orch volume rm`."""
-    from orchestrator import volumes
+    from orchestrator.volumes import volumes
     from orchestrator.jobs.request import renter
 
     where = volumes.check_create(name, renter(provider), size, region, zone)  # before anything is opened
@@ -48,8 +48,8 @@ def create(name: str = typer.Argument(..., help="Your name for it (lowercase let
 def ls(as_json: bool = typer.Option(False, "--json", help="As JSON (name provider where size_gb usd_month "
                                                           "attached_to created_at ...).")):
     """Every volume: its provider, where it lives, size, $/month, what mounts it, when it was made."""
-    from orchestrator import volumes
-    from orchestrator.lifecycle import Orch
+    from orchestrator.volumes import volumes
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.text import clean, columns
 
     orch = Orch.open(lazy=True)  # a SQLite ledger is read without SQLAlchemy
@@ -74,8 +74,8 @@ def ls(as_json: bool = typer.Option(False, "--json", help="As JSON (name provide
 def rm(name: str = typer.Argument(..., help="The volume to delete."),
        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask (needed without a terminal).")):
     """Delete a volume and everything on it (refused while an instance mounts it)."""
-    from orchestrator import volumes
-    from orchestrator.volume_uses import check_name
+    from orchestrator.volumes import volumes
+    from orchestrator.volumes.volume_uses import check_name
 
     check_name(name, "orch volume rm")
 

@@ -1,4 +1,4 @@
-"""The ``[budget]`` (``orchestrator.budget``) held for jobs: before renting (``submit``'s plan, a
+"""The ``[budget]`` (``orchestrator.money.budget``) held for jobs: before renting (``submit``'s plan, a
 relaunch's) and while they run (every look of the watcher or the reaper, ``engine.advance_all``).
 
 Once a period's spend reaches its budget every active job is stopped: what it has comes home, its
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator import budget
+from orchestrator.money import budget
 from orchestrator.errors import UsageError
 from orchestrator.jobs.states import ACTIVE
 

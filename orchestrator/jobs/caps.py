@@ -74,7 +74,7 @@ def attempt_policy(orch, job, js, price_hr: float | None) -> str:
     """The base policy, with the idle floor (at least IDLE_PASSES reaper intervals: neither the
     watchdog nor the reaper's idle rule ends a machine whose work just finished before a pass has
     pulled it) and the job's deadline (--max-hours, and the hours --max-cost still pays for)."""
-    from orchestrator import policy as policies
+    from orchestrator.money import policy as policies
 
     base = policies.Policy(**record.loads(js.policy, {}))
     hours = deadline_hours(orch, job, price_hr)

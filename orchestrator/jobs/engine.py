@@ -34,7 +34,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from orchestrator import claims, states
+from orchestrator import states
+from orchestrator.ledger import claims
 from orchestrator.errors import HostKeyMismatch, OrchError, SSHError, UsageError
 from orchestrator.jobs import caps, record
 from orchestrator.jobs.plan import check_plan, plan
@@ -121,7 +122,7 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     copy, if any); returns the job, running. Whatever fails after the create destroys what was
     made (``groups.up``: one bring-up for 1..N machines). ``rent``: how the attempt gets its machines instead (a lost
     node replaced in its group: ``_replace``), called with the start and returning the head."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.jobs import group
 
     kind = js.kind_of()
@@ -266,7 +267,7 @@ def _attempt_live(orch, attempt):
     """A live machine of an attempt (of its head's group, or its instance, where it names one;
     else of what was made under its name since it began: a launch interrupted before it knew its
     head), or None."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.jobs import group
 
     inst = orch.ledger.get(attempt.instance_id) if attempt.instance_id else None
@@ -310,7 +311,7 @@ def _held(orch, job, step):
 def advance_all(orch) -> list[dict]:
     """Every active job, one look each (the reaper's ``after``, the watcher's look): one job's
     trouble never stops the others. A ``[budget]`` spent first stops them all (``jobs.budget``)."""
-    from orchestrator import ledger_sql
+    from orchestrator.ledger import ledger_sql
     from orchestrator.jobs import budget
 
     out: list[dict] = []
@@ -377,7 +378,7 @@ def _advance(orch, job):
 
 
 def _pulled_after_end(run) -> bool:
-    from orchestrator import rules
+    from orchestrator.reaper import rules
 
     return run.ended_at is not None and rules.weights_safe(run, None, record.now())
 
@@ -489,7 +490,7 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str, node=None):
     """Record the loss, keep the newest intact checkpoint, give the instance back, relaunch. One
     node of a group lost (``node``, or the head itself) while the others answer: that node alone is
     replaced (``_replace``), the survivors kept with their setup, data and caches."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     why = record.scrub(job, why)  # it may quote the instance: the job's secrets hidden
     attempt = _end_attempt(orch, attempt, LOST, why)
@@ -523,7 +524,7 @@ def _keep(orch, job, js: JobSpec, attempt, inst, run, why: str) -> None:
     """What a lost attempt leaves: a group's work ended on every node that answers (the survivors
     would wait on their lost peer for hours), the old instance's own newest intact checkpoint where
     it still answers, and a copy the attempt crashed on as it resumed forgotten."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.jobs import group, resume_copy
 
     if groups.is_group(inst):
@@ -641,7 +642,7 @@ def _finish(orch, job, js: JobSpec, attempt, inst, run, view: dict):
 
 
 def _complete(orch, job, js: JobSpec, attempt, inst, how: str):
-    from orchestrator import groups
+    from orchestrator.instances import groups
 
     t0 = time.monotonic()
     kind = js.kind_of()
@@ -704,7 +705,7 @@ def _finish_stopped(orch, job, js: JobSpec, attempt, inst, run):
 def _failed(orch, job, js: JobSpec, attempt, inst, run, view: dict, why: str):
     """The work failed on its own (a command's non-zero exit): what it left comes home, the
     instance is given back, the job failed with why and what came home says (the log's last lines)."""
-    from orchestrator import groups
+    from orchestrator.instances import groups
     from orchestrator.jobs import group
 
     why = record.scrub(job, why)  # it may quote a node's log: the job's secrets hidden

@@ -20,7 +20,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Callable
 
-from orchestrator import groups, states
+from orchestrator import states
+from orchestrator.instances import groups
 from orchestrator.errors import OrchError, SSHError
 from orchestrator.text import why as _why
 
@@ -31,7 +32,7 @@ def nodes_of(orch, inst) -> list:
 
 def cost(orch, inst) -> float:
     """What every node of ``inst``'s group cost (``inst`` alone when it is no group)."""
-    from orchestrator.cost import instance_cost
+    from orchestrator.money.cost import instance_cost
 
     return sum(instance_cost(n, orch.ledger.events(n.id), orch.ledger.runs(n.id)).total_usd
                for n in groups.members(orch.ledger, inst, replaced=True))
@@ -89,7 +90,7 @@ def unusable(orch, survivors: list) -> str | None:
     ready at its provider and answer over SSH now (all asked at once: the replacement waits for
     the answers; the lowest rank's reason is the one given)."""
     from orchestrator import parallel as par
-    from orchestrator import remote
+    from orchestrator.ssh import remote
 
     if not survivors:
         return "no node survived"
@@ -118,7 +119,7 @@ def unusable(orch, survivors: list) -> str | None:
 
 def end_runs(orch, head) -> list[str]:
     """End the run on every node of the group that still answers."""
-    from orchestrator import runs
+    from orchestrator.runs import runs
 
     return runs.stop(orch, nodes_of(orch, head))
 

@@ -39,7 +39,10 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None, fresh
     ``done`` leaves that much less to do); offers in ``avoid`` (a launch there failed) are skipped.
     ``fresh=False``: a listing orch's offers cache still holds is read again instead (a question
     about a plan just made, never a plan to rent)."""
-    from orchestrator import config, offers, plugins, volume_mounts
+    from orchestrator import config
+    from orchestrator.money import offers
+    from orchestrator.provider import plugins
+    from orchestrator.volumes import volume_mounts
 
     kind = js.kind_of()
     # Its volumes (if any) say which provider rents, and only offers where they live are ranked.
@@ -107,7 +110,8 @@ def plan(orch, js, done: int | None = None, avoid: set[str] | None = None, fresh
 def known_price(provider: str, req: Request) -> float | None:
     """One machine's $/hr for ``req`` (a CPU-only instance, a hand-picked offer) at ``provider`` where
     it is known before renting (the local provider's configured price); None: known once rented."""
-    from orchestrator import config, plugins
+    from orchestrator import config
+    from orchestrator.provider import plugins
 
     return plugins.provider_class(provider)(config.provider_settings(provider)).known_price_hr(req)
 

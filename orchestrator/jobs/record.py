@@ -29,7 +29,7 @@ MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
 def check_job_name(name: str) -> None:
     """A job's name, new or read back from the ledger: an instance's name (lowercase letters, digits
     and '-') short enough for its attempts' names."""
-    from orchestrator.lifecycle import check_name
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
     if len(name) > MAX_NAME:
@@ -75,7 +75,8 @@ def hiding(orch, job):
     """A block in which the job's text is hidden with the secrets stored for its schedule too, where
     it is a schedule's run (``task.hiding``): its own schedule's alone, never another's. This
     process's environment lacks them (a reaper pass, the watcher, `orch jobs show`)."""
-    from orchestrator import schedule_secrets, task
+    from orchestrator.schedules import schedule_secrets
+    from orchestrator.tasks import task
 
     stored = schedule_secrets.of_jobs(orch.ledger, orch.home, [job.id]) if secret_names(job) else None
     return task.hiding(stored or {})
@@ -83,7 +84,7 @@ def hiding(orch, job):
 
 def scrub(job, text: str | None) -> str | None:
     """``text`` with every secret of the job that this process holds hidden (``text.redact``)."""
-    from orchestrator.task import held_secrets
+    from orchestrator.tasks.task import held_secrets
     from orchestrator.text import redact
 
     return redact(text, held_secrets(secret_names(job))[0])
@@ -93,7 +94,7 @@ def tail_lines(text: str, secrets: list[str], lines: int = 10) -> str:
     """The last lines of a log from an instance, printable, for a failure's reason, every secret in
     ``secrets`` (names) hidden. Where this process does not hold one of them (a scheduled reaper
     runs without the user's environment), no line is kept: one could show it."""
-    from orchestrator.task import held_secrets
+    from orchestrator.tasks.task import held_secrets
     from orchestrator.text import clean, redact
 
     values, missing = held_secrets(secrets)

@@ -73,7 +73,7 @@ def build(name: str | None, command: list[str] | None, file: Path | None, flags:
 def _from_task(name, command, file, flags: Flags, dry_run, environ, say):
     """A task file (or a command line) read, checked whole and merged with the flags: a ``run:``
     task becomes a command job's submission, a ``train:`` one a training's."""
-    from orchestrator import task
+    from orchestrator.tasks import task
 
     given, options = flags.typed, flags.up
     if file is not None:
@@ -102,7 +102,7 @@ def _from_task(name, command, file, flags: Flags, dry_run, environ, say):
         if given(key):
             setattr(t, key, options[key])
     if given("nodes"):
-        from orchestrator import groups
+        from orchestrator.instances import groups
 
         groups.check_nodes(options["nodes"])
         t.nodes = options["nodes"]
@@ -148,7 +148,8 @@ def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allo
     ``workdir_max_mb`` above the default without ``--workdir-max-mb``. ``--allow-secret`` takes
     only one of orch's own credentials: any other name (a typo of one, a secret of your own, which
     ``--secret`` or ``secrets:`` gives) is refused, named with ``command``, the command asking."""
-    from orchestrator import credentials, task
+    from orchestrator.provider import credentials
+    from orchestrator.tasks import task
 
     for name in allow or ():
         credentials.allowed(name, command)
@@ -177,7 +178,7 @@ def merge_flags(t, env, secret, workdir, base: Path, path=None, lines=None, allo
 
 def _train_options(t, flags: Flags) -> dict:
     """The train: section and the resources as `orch up` options, where no flag was given."""
-    from orchestrator.task import volume_flags
+    from orchestrator.tasks.task import volume_flags
 
     tr, res = t.train, t.resources
     fill = {"data": tr.data, "model": tr.model, "epochs": tr.epochs, "imgsz": tr.imgsz, "batch": tr.batch,
@@ -194,15 +195,17 @@ def _train_options(t, flags: Flags) -> dict:
 
 
 def _scalar(v) -> str:
-    from orchestrator.task import scalar
+    from orchestrator.tasks.task import scalar
 
     return scalar(v)
 
 
 def _command(name, t, path, lines, base: Path, providers, dry_run, flags: Flags, say):
     """The command job's submission, every part of it checked."""
-    from orchestrator import config, jobs, plugins, task
-    from orchestrator import policy as policies
+    from orchestrator import config, jobs
+    from orchestrator.provider import plugins
+    from orchestrator.tasks import task
+    from orchestrator.money import policy as policies
     options = flags.up
     res = t.resources
     for p in providers:
@@ -221,7 +224,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, flags: Flags,
 
     refuse_taken(config.home(), name, dry_run, flags.replace, say)
     ssh_timeout = options.get("ssh_timeout")
-    from orchestrator import volume_mounts
+    from orchestrator.volumes import volume_mounts
 
     volumes = volume_mounts.for_flags(options.get("volume") if flags.typed("volume") else task.volume_flags(t), t.nodes,
                                       providers)
@@ -236,7 +239,7 @@ def _command(name, t, path, lines, base: Path, providers, dry_run, flags: Flags,
 def command_spec(t, path, lines, base: Path):
     """The command a task runs (the command kind's ``CommandSpec``), its workdir found and measured:
     what `orch run` submits and `orch exec` starts on a machine of yours."""
-    from orchestrator import task, workdir
+    from orchestrator.tasks import task, workdir
     from orchestrator.jobs.kinds import CommandSpec
 
     folder = None
@@ -255,7 +258,7 @@ def command_spec(t, path, lines, base: Path):
 
 def _say_translation(path, lines, say=_stderr) -> None:
     """What orch translated of a SkyPilot or dstack task file, said once the file is accepted."""
-    from orchestrator import peer_tasks
+    from orchestrator.tasks import peer_tasks
 
     for line in peer_tasks.said(path, lines):
         say(line)
@@ -265,7 +268,8 @@ def _warn_gpu_counts(t, path, lines, say) -> None:
     """A group on CPU machines whose command counts processes by GPUs (``DSTACK_GPUS_NUM``, ...): each
     is 0 there, and a launcher given 0 starts nothing, or falls back to a world of one on every node,
     trains apart and reports success. Said before anything is rented."""
-    from orchestrator import nodes, task
+    from orchestrator import nodes
+    from orchestrator.tasks import task
 
     read = nodes.gpu_counts_read(t.setup, t.run)
     if t.nodes > 1 and t.resources.cpu and read:
@@ -293,7 +297,10 @@ def _dry_run_environ(t, dry_run: bool, say):
 def _training(name, provider, max_cost, max_hours, retries, keep, max_price, options, dry_run=False, replace=False,
               say=_stderr):
     """A LibreYOLO training's submission from `orch up`'s options, every one checked."""
-    from orchestrator import checkpoint_vet, config, jobs, plugins, volume_mounts
+    from orchestrator import config, jobs
+    from orchestrator.runs import checkpoint_vet
+    from orchestrator.provider import plugins
+    from orchestrator.volumes import volume_mounts
 
     if name is None:
         raise UsageError("orch run needs a NAME (`orch run NAME --data ...`, `orch run NAME -- CMD`) or -f task.yaml")
@@ -354,7 +361,8 @@ def _check_caps(sub) -> None:
 def _cpu_by_default(providers: list[str], options: dict) -> bool:
     """No choice made (no --provider, --gpu, --gpus, --cpu or --offer), the default provider has no
     GPU here but runs CPU instances, and no other provider has a key: nothing to rank."""
-    from orchestrator import config, plugins
+    from orchestrator import config
+    from orchestrator.provider import plugins
 
     if providers or options["gpu"] is not None or options["cpu"] or options["gpus"] != 1 or options["offer"]:
         return False
@@ -374,12 +382,12 @@ def check_up_options(name, *, provider, gpu, gpus, cpu, disk, image, spot, bid, 
     """Every check of `orch up`'s options, made before anything is opened: (the policy as JSON, the
     training spec or None, the request; its disk 20 GB when not given). `orch run` takes the same
     options (``need_data``: training is what it is for) and checks them here too."""
-    from orchestrator import training
-    from orchestrator import policy as policies
-    from orchestrator.lifecycle import check_name
+    from orchestrator.runs import training
+    from orchestrator.money import policy as policies
+    from orchestrator.instances.lifecycle import check_name
 
     check_name(name)
-    from orchestrator.volume_uses import flags
+    from orchestrator.volumes.volume_uses import flags
 
     flags(volume)  # --volume as written (where each volume is: once the rest is checked)
     policy = policies.from_flags(idle_minutes=idle_minutes, max_hours=max_hours, on_idle=on_idle,
@@ -413,7 +421,7 @@ def check_ssh_timeout(minutes: float | None) -> None:
 
 def request_from(name: str, *, gpu, gpus, cpu, disk, image, spot, bid, offer):
     """The machine asked for, checked (its disk 20 GB when not given)."""
-    from orchestrator.lifecycle import check_request
+    from orchestrator.instances.lifecycle import check_request
     from orchestrator.provider import Request
 
     request = Request(name=name, gpu=gpu, gpus=gpus, cpu=cpu, disk_gb=disk if disk is not None else 20,
@@ -438,7 +446,8 @@ def refuse_spot_on(providers: list[str], spot: bool) -> None:
 
 def renter(provider: str):
     """The provider that will rent, built from its settings alone (no ledger opened), to ask what it can do."""
-    from orchestrator import config, plugins
+    from orchestrator import config
+    from orchestrator.provider import plugins
 
     return plugins.provider_class(provider)(config.provider_settings(provider), config.home())
 
@@ -452,7 +461,8 @@ def check_group_options(name, nodes, spec, request, provider, resume: bool = Fal
     """--nodes N: its size, the names of its nodes, the global batch against the world size, and
     the provider's own word that it can rent a group, all before anything is opened. ``job``:
     `orch run` checks its names (NAME-aK) and its providers (a list) itself."""
-    from orchestrator import groups, plugins
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
 
     groups.check_nodes(nodes)
     if nodes == 1:
@@ -495,7 +505,9 @@ def group_providers(name: str, nodes: int, providers: list[str], request) -> lis
     """The providers a job on ``nodes`` machines may rent on: one machine, those named (none: any).
     A group: its attempts' names fit (NAME-aK-R), and every provider it may rent on can rent a
     group (each one named is asked; none named: those that can, and the default for a CPU job)."""
-    from orchestrator import groups, jobs, plugins
+    from orchestrator import jobs
+    from orchestrator.instances import groups
+    from orchestrator.provider import plugins
     from orchestrator.provider import RentsGroups
 
     if nodes <= 1:  # any provider rents one machine (a count out of range is refused with its own line)

@@ -19,7 +19,8 @@ import shlex
 import shutil
 from pathlib import Path
 
-from orchestrator import checkpoint_vet, claims
+from orchestrator.runs import checkpoint_vet
+from orchestrator.ledger import claims
 from orchestrator.errors import UsageError
 from orchestrator.jobs.record import checkpoint_dir, note
 from orchestrator.text import clean
@@ -114,7 +115,7 @@ def stage(orch, job, nodes: list, spec, ckpt_epoch: int) -> int | None:
 
 
 def _stage_on(orch, inst, spec, src: Path, ckpt_epoch: int, drop) -> int | None:
-    from orchestrator import remote
+    from orchestrator.ssh import remote
     from playbooks import host
 
     q = shlex.quote
@@ -146,7 +147,7 @@ def take(orch, job, inst, run) -> tuple[int | None, str | None]:
     """Copy last.pt and metrics.jsonl aside on the instance, load the copy there and pull it home
     verified, as the job's resume copy; (its epoch, None), or (None, why not). Not newer than the
     copy the job has: (None, None)."""
-    from orchestrator import remote
+    from orchestrator.ssh import remote
     from playbooks import host
     from playbooks import pull as pulling
 

@@ -47,7 +47,7 @@ def _refused(spec: JobSpec) -> None:
     number(spec.min_vram, "min_vram", 1e-9, 4096)
     number(spec.max_vram, "max_vram", 1e-9, 4096)
     if spec.volumes is not None:  # names and paths as `orch run` checks them
-        from orchestrator import volume_uses
+        from orchestrator.volumes import volume_uses
 
         if not isinstance(spec.volumes, list) or not all(isinstance(u, dict) for u in spec.volumes):
             raise UsageError("the job's stored spec is refused: its volumes are not a list of mappings")
@@ -176,6 +176,6 @@ class Submission:
     def estimate(self, choice) -> float | None:
         """The plan's estimate for the whole job: the plan's own (a training's epochs), else its $/hr
         for the job's --max-hours (a command's deadline); None where neither is known."""
-        from orchestrator import budget
+        from orchestrator.money import budget
 
         return budget.estimate(choice.usd, choice.price_hr, self.max_hours)

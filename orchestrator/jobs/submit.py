@@ -74,7 +74,7 @@ def submit(orch, sub: Submission, dry_run: bool = False, fresh: bool = True) -> 
     record.allow_secrets(orch.home, job, sub.allowed_secrets)
     if not sub.secrets:
         return Submitted(choice, engine.start(orch, job, choice))
-    from orchestrator import task
+    from orchestrator.tasks import task
 
     # to its first launch alone, never this process's environment; whatever the attempt says back: hidden
     with handing(job.name, sub.secrets), task.hiding(sub.secrets):

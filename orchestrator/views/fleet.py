@@ -26,7 +26,7 @@ def read(include_ended: bool) -> tuple[list[dict], dict]:
     fast = fast_read(db, HEAD, include_ended, META_KEYS) if db is not None else None
     if fast is not None:
         return fast
-    from orchestrator.lifecycle import Orch
+    from orchestrator.instances.lifecycle import Orch
     from orchestrator.views.instances import model_dict
 
     ledger = Orch.open().ledger
@@ -52,7 +52,8 @@ def show(include_ended: bool, as_json: bool, refreshed: bool = False) -> None:
 
 def attached() -> dict[str, list[dict]]:
     """Instance id -> the volumes it mounts, read as the fleet is (no SQLAlchemy on SQLite)."""
-    from orchestrator import config, volume_snapshot, volumes
+    from orchestrator import config
+    from orchestrator.volumes import volume_snapshot, volumes
 
     return volumes.attached(volume_snapshot.Unopened(config.database_url()))
 

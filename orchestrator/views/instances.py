@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from orchestrator import ledger_sql, states
+from orchestrator import states
+from orchestrator.ledger import ledger_sql
 
 FIELDS = ("id", "name", "provider", "provider_id", "state", "gpu", "gpu_name", "gpus", "cpu_only", "disk_gb",
           "spot", "bid", "price_hr", "stopped_price_hr", "ssh_host", "ssh_port", "ssh_user", "device",
@@ -89,7 +90,7 @@ def run_dict(run, view: dict | None = None) -> dict[str, Any]:
     d = {f: getattr(run, f) for f in RUN_FIELDS}
     d["started_at"], d["ended_at"], d["pulled_at"] = iso(run.started_at), iso(run.ended_at), iso(run.pulled_at)
     if view:
-        from orchestrator.runs import progress_line
+        from orchestrator.runs.runs import progress_line
 
         d.update({k: view.get(k) for k in ("state", "epoch", "epochs", "eta_seconds", "loss", "best_metric",
                                              "best_metric_name", "error", "problems")})

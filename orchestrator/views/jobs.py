@@ -53,7 +53,7 @@ def kind_of(job):
 
 def job_dict(orch, job) -> dict:
     """A job as ``orch jobs --json`` shows it (keys are only ever added)."""
-    from orchestrator import ledger_schedules
+    from orchestrator.schedules import ledger_schedules
     from orchestrator.views.instances import iso
 
     attempts = orch.ledger.attempts(job.id)
@@ -79,7 +79,8 @@ def node_progress(orch, job, attempt, kind) -> list[dict]:
     """Each node of a group attempt (rank order), as the ledger has it: its instance's state, its
     run's, a command's exit code, a training's epoch (rank 0 reports it for the group, whose ranks
     move in step), since when it has not answered. [] for one machine."""
-    from orchestrator import groups, states
+    from orchestrator import states
+    from orchestrator.instances import groups
 
     inst = orch.ledger.get(attempt.instance_id) if attempt is not None and attempt.instance_id else None
     if not groups.is_group(inst):

@@ -49,7 +49,7 @@ next to those already written (the unpickler sizes its memo by the largest index
 ``LONG_BINPUT`` of 2**28 cost 4 GB and 30 s); the few real callables take only what torch writes
 for them (``bytearray(2**31)`` allocates 2 GB on the pickle's say-so; ``_codecs.encode`` with
 another codec may cost far more than its input). ``--max-mb N`` also caps the process's memory
-(``RLIMIT_AS``), as the controller runs it (``orchestrator.checkpoint_vet``).
+(``RLIMIT_AS``), as the controller runs it (``orchestrator.runs.checkpoint_vet``).
 """
 import _compat_pickle
 import io

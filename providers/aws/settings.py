@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.remote import USER
+from orchestrator.ssh.remote import USER
 from providers.aws.session import REGION
 
 STRINGS = ("profile", "region", "ami", "ami_name", "ami_owner", "ssh_user", "ssh_cidr", "security_group",

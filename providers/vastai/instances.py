@@ -16,7 +16,7 @@ _BROKEN = {"exited": "exited: the container's process died",
 # The direct SSH route (``public_ipaddr`` + ``ports["22/tcp"]``) is often firewalled while the proxy
 # (``ssh_host``/``ssh_port``) works (SkyPilot's Vast provisioner connects through ``ssh_port``:
 # github.com/skypilot-org/skypilot, sky/provision/vast/utils.py): ``remote`` offers both routes, the
-# direct one with a short grace, and ``orchestrator.reach`` takes the first that answers. Said when the
+# direct one with a short grace, and ``orchestrator.ssh.reach`` takes the first that answers. Said when the
 # proxy answers where the direct route (often firewalled: it accepts and never speaks) did not within
 # its grace.
 PROXY_NOTE = "the direct SSH route does not answer: using Vast.ai's SSH proxy"

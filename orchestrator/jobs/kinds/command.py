@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from orchestrator import claims, task
+from orchestrator.ledger import claims
+from orchestrator.tasks import task
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.jobs.kinds.base import JobKind, Launched
 from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, loads, log_tail, node_log, note_once,
@@ -109,7 +110,7 @@ def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
     text(cmd.workdir, "workdir")
     if not os.path.isabs(cmd.workdir) or os.path.normpath(cmd.workdir) != cmd.workdir:
         refuse(f"workdir {cmd.workdir!r} is not the absolute folder the job was made with")
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
 
     workdir.guard(Path(cmd.workdir), "the job's stored command")  # never your home, $ORCH_HOME, your keys
     # The packed copy is named by its content when the job is made (``workdir.pack``) and taken
@@ -122,7 +123,7 @@ def check_stored(cmd: CommandSpec, cache: Path) -> CommandSpec:
 
 def prepare(cmd: CommandSpec, home: Path, say) -> CommandSpec:
     """The workdir packed into orch's cache (again, when the cache was cleaned since)."""
-    from orchestrator import workdir
+    from orchestrator.tasks import workdir
 
     return workdir.ready(cmd, Path(home) / "cache", say)  # the job's own content, or refused
 
@@ -145,7 +146,7 @@ def secret_source(orch, job):
     (the keys it rents with); any other job, this process's environment."""
     import os
 
-    from orchestrator import schedule_secrets
+    from orchestrator.schedules import schedule_secrets
     from orchestrator.jobs.handed import handed
 
     given = handed(job)  # its submission's (a schedule's run, at its first launch)
@@ -167,9 +168,11 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
     Returns the head's run row (running); a node that could not start ends the
     others' commands before the error goes on. The secrets are read from ``environ`` (this
     process's by default), none of orch's own credentials but those in ``allowed``."""
-    from orchestrator import credentials
+    from orchestrator.provider import credentials
     from orchestrator import parallel as par
-    from orchestrator import remote, task, volume_mounts
+    from orchestrator.ssh import remote
+    from orchestrator.tasks import task
+    from orchestrator.volumes import volume_mounts
     from orchestrator.kill_points import kill_point
     from playbooks import command, host
     from playbooks import runs as run_tasks
@@ -234,7 +237,7 @@ def launch(orch, nodes: list, cmd: CommandSpec, restore_from: Path | None, kept:
 
     outcomes = par.each(start, list(range(size)), size)
     if any(e is not None for _, e in outcomes) and size > 1:
-        from orchestrator.runs import stop
+        from orchestrator.runs.runs import stop
 
         stop(orch, nodes)  # a half-started group would wait for its missing nodes for ever
     pids = _all(nodes, outcomes, "starting the command")
@@ -257,7 +260,7 @@ def _who(job, head, size: int):
 
 def _all(nodes: list, outcomes: list, what: str) -> list:
     """``parallel.each``'s results, or the lowest rank's failure raised as the group's."""
-    from orchestrator.runs import raise_first
+    from orchestrator.runs.runs import raise_first
 
     raise_first(nodes, outcomes, what)
     return [r for r, _ in outcomes]
@@ -278,7 +281,7 @@ def read(orch, inst, run) -> dict:
     """The command's state as ``runs.read`` gives a training's, with ``exit_code`` and ``phase``.
     On a group, every node's command counts: the job completes when each exited 0, and fails on the
     first node (lowest rank) that exited otherwise, named with its rank and its log's last lines."""
-    from orchestrator import runs
+    from orchestrator.runs import runs
     from playbooks import runs as run_tasks
 
     with orch.connect(inst) as c:
@@ -309,7 +312,8 @@ def _other_nodes(orch, head) -> dict:
     """Every other node's command: whether any still runs, and the lowest rank that exited non-zero
     (rank, code, phase, its log's last lines). A node that cannot be read is left to the loss check
     (``jobs.group.lost_node``)."""
-    from orchestrator import groups, states
+    from orchestrator import states
+    from orchestrator.instances import groups
     from orchestrator.errors import SSHError
     from playbooks import runs as run_tasks
 
@@ -441,8 +445,10 @@ def node_logs(orch, head, dest: Path, secret_names) -> list[str]:
     """Every other node's log (its last ``NODE_LOG_BYTES``) home beside the head's, for ``orch jobs
     logs NAME --node R`` once the group is gone; secret values hidden. A node that does not answer
     is skipped (its log goes with it)."""
-    from orchestrator import groups, remote, states
-    from orchestrator.task import held_secrets
+    from orchestrator import states
+    from orchestrator.instances import groups
+    from orchestrator.ssh import remote
+    from orchestrator.tasks.task import held_secrets
     from orchestrator.text import redact
 
     got = []
@@ -480,7 +486,7 @@ class CommandKind(JobKind):
         """A stored command naming one of orch's own credentials that no one handed to it on this
         machine (``--allow-secret``, recorded at home): a row written into a shared ledger never
         gets the keys of whoever relaunches it."""
-        from orchestrator import credentials
+        from orchestrator.provider import credentials
         from orchestrator.errors import UsageError
 
         try:
@@ -523,7 +529,7 @@ class CommandKind(JobKind):
 
     def watch(self, orch, job, inst, run, view: dict) -> None:
         """Its log and status home; every checkpoint_minutes, the checkpoint folder and the outputs so far."""
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         try:
             runs.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), view=view, only_milestones=True)
@@ -555,7 +561,7 @@ class CommandKind(JobKind):
         return left if left > 0 else every
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         runs.pull(orch, inst, run, dest=weights_dir(orch.home, job.name), only_milestones=True)
         number, problem = self._take(orch, job, inst)
@@ -590,7 +596,7 @@ class CommandKind(JobKind):
         return got
 
     def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         got, _ = runs.pull(orch, inst, run, dest=dest, view=view)
         got += node_logs(orch, inst, dest, self.spec.secrets)
@@ -693,7 +699,7 @@ class CommandKind(JobKind):
             for i, line in enumerate((script or "").strip().splitlines()[:20]):
                 out.append(f"  {key if i == 0 else '':8} {clean(line, 200)}")
         if cmd.workdir:
-            from orchestrator import workdir
+            from orchestrator.tasks import workdir
 
             total, count = workdir.measure(Path(cmd.workdir), cmd.workdir_max_mb, "workdir")
             out.append(f"  workdir  {cmd.workdir}: {count} file(s), {total / 1e6:.2f} MB (cap {cmd.workdir_max_mb:g} MB)")

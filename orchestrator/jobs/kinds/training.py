@@ -11,14 +11,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator import checkpoint_vet
+from orchestrator.runs import checkpoint_vet
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.jobs import record, resume_copy
 from orchestrator.jobs.kinds.base import JobKind, Launched
 from orchestrator.jobs.states import COMPLETED, FAILED
 from orchestrator.text import clean
 from orchestrator.text import why as _why
-from orchestrator.training import TrainSpec
+from orchestrator.runs.training import TrainSpec
 
 _TAR = re.compile(r"[0-9a-f]{16}\.tar")  # training.prepare's name for a packed dataset: its hash
 _DATASET = re.compile(r"ds-[0-9a-f]{16}")  # the name training.prepare gives a dataset
@@ -63,7 +63,8 @@ class TrainingKind(JobKind):
 
     # -- before anything is rented -------------------------------------------------------------
     def prepare(self, orch, js, disk_given: bool):
-        from orchestrator import offers, training
+        from orchestrator.money import offers
+        from orchestrator.runs import training
 
         spec = self.spec
         chose_period = spec.save_period is None
@@ -83,7 +84,7 @@ class TrainingKind(JobKind):
         return replace(js, work=spec)
 
     def workload(self, js):
-        from orchestrator import offers
+        from orchestrator.money import offers
 
         s = self.spec
         return offers.Workload(model=s.model, epochs=s.epochs, data=s.data, data_bytes=s.data_bytes,
@@ -120,7 +121,7 @@ class TrainingKind(JobKind):
     # -- an attempt ----------------------------------------------------------------------------
     def launch(self, orch, job, nodes: list, copy: int | None, kept: frozenset = frozenset()) -> Launched:
         # (a survivor's staged data stands without ``kept``: the upload resumes, a whole one is skipped)
-        from orchestrator import group_training, training
+        from orchestrator.runs import group_training, training
 
         spec = self._prepared(orch)
         start = resume_copy.stage(orch, job, nodes, spec, copy) if copy is not None else None
@@ -136,7 +137,7 @@ class TrainingKind(JobKind):
     def _prepared(self, orch):
         """The spec with its data ready to stage: the packed tar is in orch's cache unless it was
         cleaned, when the folder is packed again (the same content gives the same tar)."""
-        from orchestrator import training
+        from orchestrator.runs import training
 
         spec = replace(self.spec, resume=False)
         if spec.data.startswith("hf://") or (spec.local_tar and spec.local_tar.is_file()):
@@ -144,13 +145,13 @@ class TrainingKind(JobKind):
         return training.prepare(spec, orch.home, orch.say)
 
     def read(self, orch, inst, run) -> dict:
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         return runs.read(orch, inst, run)
 
     def watch(self, orch, job, inst, run, view: dict) -> None:
         """The milestones home, and a verified resume copy whenever the epoch moved."""
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         try:
             runs.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), view=view,
@@ -167,14 +168,14 @@ class TrainingKind(JobKind):
                 record.note_once(orch, job, f"no resume copy this time: {problem}", inst.name, say=False)  # once
 
     def take_checkpoint(self, orch, job, inst, run) -> tuple[str | None, str | None]:
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         runs.pull(orch, inst, run, dest=record.weights_dir(orch.home, job.name), only_milestones=True)
         epoch, problem = resume_copy.take(orch, job, inst, run)
         return (f"took last.pt (epoch {epoch}) from {inst.name}: it loads there" if epoch else None), problem
 
     def bring_home(self, orch, job, inst, run, dest: Path, view: dict | None = None, strict: bool = True) -> list[str]:
-        from orchestrator import runs
+        from orchestrator.runs import runs
 
         got, _ = runs.pull(orch, inst, run, dest=dest, view=view)
         return got
