@@ -64,7 +64,7 @@ def arrange(orch, name: str, spot: bool = False, cpu: bool = True, **request):
 
 
 def test_importing_the_provider_imports_no_boto3():
-    code = ("import sys, providers.aws\nfrom orchestrator import plugins\nplugins.providers()\n"
+    code = ("import sys, providers.aws\nfrom orchestrator.provider import plugins\nplugins.providers()\n"
             "print(sorted(m for m in ('boto3', 'botocore', 'moto') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -261,7 +261,7 @@ def test_a_look_at_a_claim_never_makes_its_claimant_busy(backend, orch_home):
 
     ledger = open_orch().ledger
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
+        [sys.executable, "-c", "import sys; from orchestrator.ledger import claims; from orchestrator.instances.lifecycle import Orch\n"
                                "with claims.hold(Orch.open().ledger, 'y'):\n    print('held', flush=True); sys.stdin.read()\n"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -271,7 +271,7 @@ def test_a_look_at_a_claim_never_makes_its_claimant_busy(backend, orch_home):
     wait_for(lambda: not claims.busy(ledger, "y"), what="the claim to go with its process")
 
     looker = subprocess.Popen(
-        [sys.executable, "-c", "import time; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
+        [sys.executable, "-c", "import time; from orchestrator.ledger import claims; from orchestrator.instances.lifecycle import Orch\n"
                                "led = Orch.open().ledger; n = 0; print('looking', flush=True)\n"
                                "end = time.monotonic() + 4\n"
                                "while time.monotonic() < end:\n    claims.busy(led, 'x'); n += 1\n"

@@ -96,7 +96,7 @@ def test_the_catalogue_is_dated_and_every_price_has_its_public_source():
     assert "not live" in catalogue.label(when) and data["what"]
     with open(ROOT / "pyproject.toml", "rb") as f:
         shipped = tomllib.load(f)["tool"]["setuptools"]["package-data"]["orchestrator"]
-    assert "catalogue.json" in shipped, "the wheel carries it"
+    assert "money/catalogue.json" in shipped, "the wheel carries it"
 
 
 def test_a_group_dry_run_says_which_providers_it_leaves_out_and_where_hf_home_goes(orch_home):

@@ -141,7 +141,7 @@ def test_an_instance_another_orch_is_working_on_is_left_alone(orch_home):
     orch = open_orch()
     inst = arrange(orch, "held")
     orch.provider("local").destroy(inst.provider_id)
-    code = ("import sys, time; from orchestrator import claims; from orchestrator.instances.lifecycle import Orch\n"
+    code = ("import sys, time; from orchestrator.ledger import claims; from orchestrator.instances.lifecycle import Orch\n"
             "with claims.hold(Orch.open().ledger, 'held'):\n    print('held', flush=True); time.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

@@ -407,7 +407,7 @@ def test_a_pass_with_nothing_due_asks_sqlite_alone(orch_home, tmp_path):
     standard library and never imports the ledger's models (a quiet pass stays cheap)."""
     task = write(tmp_path / "task.yaml", "name: later\nresources: {cpu: true}\nrun: 'true'\n")
     run_orch("schedule", "add", "-f", task, "--cron", "0 2 * * *", check=0)
-    code = ("import sys\nfrom orchestrator.instances.lifecycle import Orch\nfrom orchestrator import scheduling\n"
+    code = ("import sys\nfrom orchestrator.instances.lifecycle import Orch\nfrom orchestrator.schedules import scheduling\n"
             "print(scheduling.run_due(Orch.open(lazy=True)), 'sqlalchemy' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["[]", "False"], done.stdout + done.stderr
@@ -731,7 +731,7 @@ def cron_utc(dt):
 
 
 RACE = ("import json, sys\nfrom datetime import datetime\nfrom orchestrator.instances.lifecycle import Orch\n"
-        "from orchestrator import scheduling\n")
+        "from orchestrator.schedules import scheduling\n")
 CONNECTED = 'orch = Orch.open(actor="reaper", say=lambda m: None)\norch.ledger.revision()\n'
 PASS = "print(json.dumps(scheduling.run_due(orch, datetime.fromisoformat(sys.argv[1]))))\n"
 

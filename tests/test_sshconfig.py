@@ -205,7 +205,7 @@ def test_install_then_uninstall_in_one_second_keeps_both_backups(orch_home):
     cfg = Path.home() / ".ssh" / "config"
     cfg.parent.mkdir(mode=0o700)
     cfg.write_text("Host mine\n    Port 2200\n")
-    code = ("from orchestrator import sshconfig\n"
+    code = ("from orchestrator.ssh import sshconfig\n"
             "print(sshconfig.install()[1])\nprint(sshconfig.uninstall()[1])\n")
     made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=ROOT).stdout.split()

@@ -410,7 +410,7 @@ def _many_records(path: Path, n: int) -> Path:
 _MEASURED = textwrap.dedent("""
     import json, resource, sys
     from pathlib import Path
-    from orchestrator import checkpoint_vet
+    from orchestrator.runs import checkpoint_vet
     got = [checkpoint_vet.vet(Path(p)) for p in sys.argv[1:]]
     # This process's own peak (VmHWM: its ru_maxrss counts the test process it was forked from), its children's.
     own = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))

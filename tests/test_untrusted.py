@@ -348,7 +348,7 @@ def test_a_silent_endpoint_prints_no_library_traceback(orch_home):
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    code = ("import sys\nfrom orchestrator import config, remote\nfrom orchestrator.errors import SSHError\n"
+    code = ("import sys\nfrom orchestrator import config\nfrom orchestrator.ssh import remote\nfrom orchestrator.errors import SSHError\n"
             f"try: remote.connect('127.0.0.1', {silent.getsockname()[1]}, 'root', config.ssh_key()[0], None, timeout=1)\n"
             "except SSHError as e: print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
