@@ -400,3 +400,41 @@ def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as
         assert not any((orch_home / "local").iterdir()), "a machine made is still there: it would bill"
     finally:
         plugins.manager().unregister(plugin)
+
+
+def test_ctrl_c_inside_a_create_the_provider_finished_destroys_what_it_made_and_goes_on_as_ctrl_c(orch_home):
+    """A cloud's create call cut by Ctrl-C after its server made the machine (the answer never came
+    back): the lookup by label finds the machine. It is destroyed and the Ctrl-C goes on; it was
+    taken as "the create errored but the machine exists: using it", and the bring-up carried on
+    after the user pressed Ctrl-C."""
+    from orchestrator import states
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.instances.lifecycle import Orch
+    from orchestrator.provider import Request, plugins
+    from providers.local import LocalProvider
+
+    class CutAfterMade(LocalProvider):
+        name = "cutaftermade"
+
+        def create(self, request, label, public_key):
+            super().create(request, label, public_key)  # the server made it...
+            raise KeyboardInterrupt  # ...and the user's Ctrl-C lands before its answer
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(CutAfterMade)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    said = []
+    try:
+        orch = Orch.open(say=said.append)
+        with pytest.raises(KeyboardInterrupt):
+            orch.up("cut", "cutaftermade", Request(name="cut", cpu=True))
+        [row] = orch.ledger.instances()
+        assert row.state == states.DESTROYED, (row.state, said)
+        assert not any((orch_home / "local").iterdir()), "the machine made is still there: it would bill"
+        assert not any("using it" in s for s in said), said
+    finally:
+        plugins.manager().unregister(plugin)

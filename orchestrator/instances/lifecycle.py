@@ -453,15 +453,17 @@ class Orch(InstanceOps):
                 raise ProviderError(f"creating {inst.label} failed and {provider.name} could not say whether it "
                                     f"was made anyway ({_why(lookup)}): the next reaper pass (or `orch reconcile`) "
                                     "settles it once it answers again") from e
-            if found is not None and found.status in (Status.RUNNING, Status.PENDING):
+            interrupted = not isinstance(e, Exception)  # Ctrl-C: the user wants nothing more made or used
+            if found is not None and found.status in (Status.RUNNING, Status.PENDING) and not interrupted:
                 self.say(f"      the create errored ({_why(e)}) but {found.provider_id} exists: using it")
                 return found
             if found is not None:
-                # A leftover that will not run (a just-taken offer can leave a stopped instance): ours,
-                # and it bills its disk. Never adopted and waited on: destroyed, and the create fails.
-                inst = self.move(inst, states.DESTROYING, f"create failed ({_why(e)}) and left {found.provider_id} "
-                                                          f"{found.status.value}: destroying it",
-                                 provider_id=found.provider_id)
+                # A leftover that will not run (a just-taken offer can leave a stopped instance), or one
+                # made while Ctrl-C cut the call: ours, and it bills. Never adopted: destroyed, and the
+                # create fails (the Ctrl-C goes on as a Ctrl-C).
+                why = (f"interrupted (Ctrl-C) while {found.provider_id} was made" if interrupted else
+                       f"create failed ({_why(e)}) and left {found.provider_id} {found.status.value}")
+                inst = self.move(inst, states.DESTROYING, f"{why}: destroying it", provider_id=found.provider_id)
                 provider.destroy(found.provider_id)
                 self.move(inst, states.DESTROYED, "the failed create's leftover, destroyed")
                 raise
