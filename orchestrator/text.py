@@ -1,7 +1,8 @@
 """Text that came from somewhere orch does not trust (an instance's status.json, a provider's answer)
 made safe to print: no terminal escapes, no control characters, bounded length. Rich markup in it is
 escaped where it is printed through Rich (``cli.app.out``). A secret a command printed hidden
-(``redact``). And plain columns for big tables."""
+(``redact``). A JSON column of a ledger row read as the input it is (``row_json``). And plain
+columns for big tables."""
 
 from __future__ import annotations
 
@@ -190,3 +191,18 @@ def columns(header: tuple[str, ...], rows: list[tuple[str, ...]], right: frozens
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "".join("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
                    .rstrip() + "\n" for row in table)
+
+
+def row_json(raw: str | None, default):
+    """A JSON column of a ledger row (``runs.args``, an instance's memory, a job's phases...) as the
+    input it is: a shared ledger is written by others too, so what is not JSON, is nested past
+    Python's stack, or is not of ``default``'s type (an object where a dict is meant) reads as
+    ``default``. The one reader of such columns, so a list where an object was meant is never an
+    AttributeError in whatever reads it."""
+    import json
+
+    try:
+        value = json.loads(raw) if raw else default
+    except (ValueError, TypeError, RecursionError):
+        return default
+    return value if isinstance(value, type(default)) else default

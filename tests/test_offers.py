@@ -393,3 +393,18 @@ def test_trial_on_a_cpu_instance_records_a_measurement(orch_home, ledger, tmp_pa
         assert too_long.returncode == 2 and "1 or 2 epochs" in too_long.stderr
     finally:
         run_orch("down", "cpubox", "--no-pull", "--yes")
+
+
+def test_a_shared_ledgers_run_whose_args_are_not_an_object_reads_as_no_args_not_a_crash(ledger):
+    """A run row on a shared ledger is input: args that are JSON but no object (``[1]``, ``"x"``,
+    ``7``) read as no args, as args that are no JSON always did (the run's own columns still
+    measure it), and the runs beside them still count. A list there raised AttributeError out of
+    `orch offers`."""
+    job = offers.Workload(model="yolo9-t", epochs=10, data=HF_DATA)
+    seed_run(ledger, "RTX 4090", 40.0)
+    for i, bad in enumerate(('[1]', '"x"', '7', '{', 'null')):
+        inst = ledger.create_instance(name=f"bad{i}", provider="runpod", label="", gpu="RTX 3090", gpus=1, disk_gb=20)
+        ledger.add_run(instance_id=inst.id, model="yolo9-t", data=HF_DATA, epochs=100, gpu_name="RTX 3090",
+                       state="completed", mean_epoch_seconds=10.0, args=bad)
+    known = offers.measurements(ledger, job)
+    assert sorted((m.gpu, m.epoch_seconds) for m in known) == [("RTX 3090", 10.0)] * 5 + [("RTX 4090", 40.0)]

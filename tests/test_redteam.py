@@ -237,7 +237,7 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
     """json raises RecursionError (not ValueError) on deep nesting: every reader of what an
     instance wrote skips such a line, and an ORCH_RESULT made of one is no answer (an OrchError the
     callers handle: a lost instance is still destroyed)."""
-    from orchestrator.jobs import record as job_record
+    from orchestrator.text import row_json
     from orchestrator.jobs import resume_copy
     from orchestrator.errors import OrchError
     from playbooks import host
@@ -251,7 +251,7 @@ def test_a_deeply_nested_line_from_an_instance_is_a_bad_line_not_a_crash(tmp_pat
     assert resume_copy.metrics_epochs(run / "metrics.jsonl") == [1, 2]
     assert resume_copy.pulled_epoch(run) == 2
     assert resume_copy.trimmed_metrics(run / "metrics.jsonl", 5) == '{"epoch": 1}\n{"epoch": 2}\n'
-    assert job_record.loads(deep, {}) == {}
+    assert row_json(deep, {}) == {}
     with pytest.raises(OrchError, match="no answer"):
         host.answer("ORCH_RESULT " + deep, "run_status.py")
     (run / pulling.MANIFEST).write_text(deep)

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from orchestrator.errors import OrchError
 from orchestrator.jobs import record
+from orchestrator.text import row_json
 
 REAPER_EVERY_S = 300.0  # the reaper's interval when no schedule is installed (`orch reaper install`'s default)
 IDLE_PASSES = 3  # a job's instance idles at least this many reaper intervals before it may be ended
@@ -76,7 +77,7 @@ def attempt_policy(orch, job, js, price_hr: float | None) -> str:
     pulled it) and the job's deadline (--max-hours, and the hours --max-cost still pays for)."""
     from orchestrator.money import policy as policies
 
-    base = policies.Policy(**record.loads(js.policy, {}))
+    base = policies.Policy(**row_json(js.policy, {}))
     hours = deadline_hours(orch, job, price_hr)
     if hours is not None and hours <= 0:
         raise CapReached(over_cap(orch, job) or "no money or time left for another attempt")

@@ -45,7 +45,7 @@ from orchestrator.jobs.states import (ACTIVE, ATTEMPT_DONE, ATTEMPT_RUNNING, CAN
                                       INTERRUPTED, LAUNCH_FAILED, LAUNCHING, LOST, PLANNED, RECOVERING, RUNNING,
                                       STOPPED, STOPPED_BY_JOB)
 from orchestrator.provider import can_stop
-from orchestrator.text import clean
+from orchestrator.text import clean, row_json
 from orchestrator.text import why as _why
 
 UNREACHABLE_MINUTES = 10.0  # job_unreachable_minutes in config.toml
@@ -90,7 +90,7 @@ def _end_attempt(orch, attempt, state: str, reason: str):
         started = record.utc(run.started_at) if run else None
         end = record.utc(run.ended_at) if run and run.ended_at and state == ATTEMPT_DONE else record.now()
         if started:
-            phases = record.add_phase(record.loads(attempt.phases, {}), "train", (end - started).total_seconds())
+            phases = record.add_phase(row_json(attempt.phases, {}), "train", (end - started).total_seconds())
             fields["phases"] = json.dumps(phases)
     return orch.ledger.update_attempt(attempt.id, **fields)
 
@@ -167,10 +167,10 @@ def launch(orch, job, js: JobSpec, choice, number: int, rent=None, name: str | N
     now = time.monotonic()
     phases = {"provision": round(marks["ready"] - t0, 3), "stage": round(now - marks["ready"], 3)}
     job = orch.ledger.get_job(job.id)
-    lost_at = record.loads(job.phases, {}).pop("lost_at", None)
+    lost_at = row_json(job.phases, {}).pop("lost_at", None)
     if lost_at:
         phases["recover"] = round((record.now() - datetime.fromisoformat(lost_at)).total_seconds(), 3)
-        job = orch.ledger.update_job(job.id, phases=json.dumps({k: v for k, v in record.loads(job.phases, {}).items()
+        job = orch.ledger.update_job(job.id, phases=json.dumps({k: v for k, v in row_json(job.phases, {}).items()
                                                                 if k != "lost_at"}))
     orch.ledger.update_attempt(attempt.id, state=ATTEMPT_RUNNING, instance_id=inst.id, run_id=launched.run.id,
                                price_hr=marks.get("price", inst.price_hr), start_epoch=(launched.copy or 0) + 1,
@@ -212,7 +212,7 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
             why = f"{blocked} (`orch jobs show {job.name}` where it is set relaunches it)"
             return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
         if choice is None:
-            avoid = {(record.loads(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
+            avoid = {(row_json(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
             t0 = time.monotonic()
             try:
                 choice = plan(orch, js, job.checkpoint_epoch, avoid)
@@ -445,7 +445,7 @@ def _noticed(notice: dict) -> str:
 def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
     """A spot notice seen (once per attempt and notice): the checkpoint copy taken at once."""
     key = f"{attempt.id}:{notice['kind']}:{notice['time']}"
-    phases = record.loads(job.phases, {})
+    phases = row_json(job.phases, {})
     if phases.get("notice") == key:
         return job
     phases["notice"] = key
@@ -496,7 +496,7 @@ def _lost(orch, job, js: JobSpec, attempt, inst, run, why: str, node=None):
     attempt = _end_attempt(orch, attempt, LOST, why)
     job = orch.ledger.update_job(job.id, expect=(RUNNING, RECOVERING, PLANNED), state=RECOVERING,
                                  reason=f"attempt {attempt.number} lost: {why}")
-    phases = record.loads(job.phases, {})
+    phases = row_json(job.phases, {})
     phases["lost_at"] = record.now().isoformat()
     job = orch.ledger.update_job(job.id, phases=json.dumps(phases))
     job = note(orch, job, f"attempt {attempt.number} lost: {why}")
@@ -574,7 +574,7 @@ def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
     problem = group.unusable(orch, survivors)  # before anything is rented
     if problem:
         return whole(problem)
-    key = (record.loads(attempt.offer, {}) or {}).get("key")
+    key = (row_json(attempt.offer, {}) or {}).get("key")
     request = js.request
     if key and not (request.cpu or request.offer):  # the same offer: the same region (and placement group)
         request = replace(request, offer=key.split("/", 1)[1])
@@ -582,7 +582,7 @@ def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
 
     choice = Choice(attempt.provider, request, f"{attempt.provider}: node {node.node_rank} of {head.group_name} "
                                                 f"replaced alone", key, attempt.price_hr)
-    saved_s = record.loads(attempt.phases, {}).get("provision")
+    saved_s = row_json(attempt.phases, {}).get("provision")
     per_node = (attempt.price_hr or 0.0) / max(len(nodes), 1)
     saved = (f"; the {len(survivors)} survivor(s) kept their setup, data and caches (saved ~{saved_s:.0f} s of "
              f"bring-up each, ~${per_node * len(survivors) * saved_s / 3600:.4f})") if saved_s else ""

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orchestrator.errors import UsageError
+from orchestrator.text import row_json
 
 HISTORY = 50  # history lines a job keeps
 MAX_NAME = 36  # an attempt's instance is NAME-aK: 40 characters at most
@@ -47,14 +48,6 @@ def utc(dt: datetime | None) -> datetime | None:
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 
 
-def loads(text: str | None, default):
-    try:
-        value = json.loads(text) if text else default
-    except (ValueError, RecursionError):
-        return default
-    return value if isinstance(value, type(default)) else default
-
-
 def names_in(part) -> list[str]:
     """The secret names a kind's stored part keeps under ``secrets`` (``JobKind.secrets``)."""
     names = part.get("secrets") if isinstance(part, dict) else None
@@ -66,7 +59,7 @@ def secret_names(job) -> list[str]:
     read as it is, unchecked (a refused spec's lines are hidden too): its kind's part is a mapping
     beside the request (``JobSpec.to_json``); every such mapping's names count, so a row with more
     of them hides more, never less."""
-    stored = loads(job.spec, {}) if job is not None else {}
+    stored = row_json(job.spec, {}) if job is not None else {}
     names = [n for key, part in stored.items() if key != "request" for n in names_in(part)]
     return list(dict.fromkeys(names))
 
@@ -131,7 +124,7 @@ def note(orch, job, text: str, say: bool = True, once: str | None = None):
     from orchestrator.text import clean
 
     text = scrub(job, text)
-    history = loads(job.history, [])
+    history = row_json(job.history, [])
     entry = {"at": now().isoformat(timespec="seconds"), "text": text}
     if once:
         entry["once"] = once
@@ -148,7 +141,7 @@ def note_once(orch, job, text: str, scope: str, say: bool = True):
 
     job = orch.ledger.get_job(job.id)  # the history as it is now: a line noted since is kept
     mark = hashlib.sha256(f"{scope}\n{scrub(job, text)}".encode()).hexdigest()[:16]
-    if any(isinstance(h, dict) and h.get("once") == mark for h in loads(job.history, [])):
+    if any(isinstance(h, dict) and h.get("once") == mark for h in row_json(job.history, [])):
         return job
     return note(orch, job, text, say=say, once=mark)
 
@@ -160,11 +153,11 @@ def add_phase(phases: dict, key: str, seconds: float | None) -> dict:
 
 
 def job_phase(orch, job, key: str, seconds: float | None):
-    return orch.ledger.update_job(job.id, phases=json.dumps(add_phase(loads(job.phases, {}), key, seconds)))
+    return orch.ledger.update_job(job.id, phases=json.dumps(add_phase(row_json(job.phases, {}), key, seconds)))
 
 
 def attempt_phase(orch, attempt, key: str, seconds: float | None):
-    return orch.ledger.update_attempt(attempt.id, phases=json.dumps(add_phase(loads(attempt.phases, {}), key,
+    return orch.ledger.update_attempt(attempt.id, phases=json.dumps(add_phase(row_json(attempt.phases, {}), key,
                                                                                 seconds)))
 
 

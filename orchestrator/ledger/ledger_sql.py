@@ -104,13 +104,9 @@ def set_meta(db: Path, key: str, value: str) -> bool:
 def memory(row) -> dict:
     """What orch remembers about an instance (``Ledger.remember``), from its row (a model or a
     ``snapshot`` row): a reaper pass reads it from the rows it has, asking no query per instance."""
-    import json
+    from orchestrator.text import row_json
 
-    try:
-        found = json.loads(row.memory) if row.memory else {}
-    except (ValueError, RecursionError):  # RecursionError: JSON nested past Python's stack
-        return {}
-    return found if isinstance(found, dict) else {}
+    return row_json(row.memory, {})
 
 
 def open_ro(db: Path) -> sqlite3.Connection:

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 from orchestrator import config
 from orchestrator.errors import UsageError
+from orchestrator.text import row_json
 
 PERIODS = ("daily", "monthly")
 WARN_AT = 0.8  # the share of a period's budget spent that is said (and posted) once
@@ -168,7 +169,7 @@ def standing(ledger, now: datetime | None = None) -> Standing | None:
     for job, ids in active:
         spent = sum(cost.instance_cost(i, snap.events_of(i.id), snap.runs_of(i.id), until=now).total_usd
                     for i in snap.instances if i.id in _instances(ids, members))
-        plan = _loads(job.plan)
+        plan = row_json(job.plan, {})
         est = estimate(plan.get("usd"), plan.get("price_hr"), job.max_hours)
         jobs.append({"name": job.name, "state": job.state, "estimate": est, "spent": round(spent, 6),
                      "committed": round(max(est - spent, 0.0), 6) if est is not None else 0.0})
@@ -194,16 +195,6 @@ def check(ledger, usd: float | None, what: str, without: str | None = None) -> s
     if why:
         raise UsageError(f"{what} is refused by the budget: {why}; nothing was rented (`orch budget`)")
     return st.line(usd)
-
-
-def _loads(raw) -> dict:
-    import json
-
-    try:
-        got = json.loads(raw) if raw else {}
-    except (ValueError, RecursionError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 def _members(snap) -> dict[str, set[str]]:

@@ -52,6 +52,7 @@ from typing import Any
 from orchestrator import gpus
 from orchestrator.errors import AuthError, NoCapacity, OrchError, UsageError
 from orchestrator.provider import HOURS_PER_MONTH, Offer, Request, bid_with_margin
+from orchestrator.text import row_json
 
 MODES = ("spot", "on-demand", "both")
 DEFAULT_CACHE_SECONDS = 60
@@ -384,10 +385,7 @@ class Measurement:
 
 
 def trial_marker(run) -> dict | None:
-    try:
-        marker = json.loads(run.args or "{}").get(TRIAL_KEY)
-    except (ValueError, AttributeError):
-        return None
+    marker = row_json(run.args, {}).get(TRIAL_KEY)
     return marker if isinstance(marker, dict) else None
 
 
@@ -409,11 +407,7 @@ def measurements(ledger, job: Workload) -> list[Measurement]:
         inst = instances.get(run.instance_id)
         if run.model != job.model or inst is None or inst.cpu_only:
             continue
-        try:
-            args = json.loads(run.args or "{}")
-        except ValueError:
-            args = {}
-        if args.get("imgsz") != job.imgsz:
+        if row_json(run.args, {}).get("imgsz") != job.imgsz:
             continue
         marker = trial_marker(run)
         seconds = (marker or {}).get("epoch_seconds") or run.mean_epoch_seconds

@@ -9,7 +9,6 @@ every node of a group. What is LibreYOLO's own (its data staged, its launch) is 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from datetime import datetime, timezone
@@ -18,7 +17,7 @@ from pathlib import Path
 from orchestrator.ledger import claims
 from orchestrator import parallel as par
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.text import clean
+from orchestrator.text import clean, row_json
 from orchestrator.text import why as _why
 
 # status.json is rewritten every epoch; a live process whose file has not moved for this long is
@@ -152,11 +151,8 @@ def pull(orch, inst, run, dest: Path | None = None, view: dict | None = None, on
 
 def run_secrets(run) -> list[str]:
     """The names of the secrets the run's command got (its args say, from its launch); a training none."""
-    try:
-        args = json.loads(run.args or "{}") if run is not None else {}
-    except (ValueError, TypeError, RecursionError):
-        return []
-    names = args.get("secrets") if isinstance(args, dict) else None
+    args = row_json(run.args, {}) if run is not None else {}
+    names = args.get("secrets")
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
@@ -209,11 +205,7 @@ def run_bounds(run):
     """What ``run`` could have written (its epochs, its save period) and the pull caps."""
     from playbooks import pull as pulling
 
-    try:
-        period = json.loads(run.args or "{}").get("save_period")
-    except (ValueError, AttributeError, RecursionError):
-        period = None
-    return pulling.Bounds.of_run(run.epochs, period)
+    return pulling.Bounds.of_run(run.epochs, row_json(run.args, {}).get("save_period"))
 
 
 def progress_line(view: dict) -> str:

@@ -10,17 +10,16 @@ from typing import Callable
 
 from orchestrator import jobs
 from orchestrator.errors import OrchError
-from orchestrator.jobs import record
 from orchestrator.jobs.kinds import KINDS, JobKind
-from orchestrator.text import clean
+from orchestrator.text import clean, row_json
 
 
 def phases(job, attempts) -> dict[str, float]:
     """Seconds per phase: plan (every ranking), provision, stage, train and recover (every attempt
     summed), pull (the final one), teardown."""
-    out = {k: v for k, v in record.loads(job.phases, {}).items() if isinstance(v, (int, float))}
+    out = {k: v for k, v in row_json(job.phases, {}).items() if isinstance(v, (int, float))}
     for a in attempts:
-        for k, v in record.loads(a.phases, {}).items():
+        for k, v in row_json(a.phases, {}).items():
             if isinstance(v, (int, float)):
                 out[k] = round(out.get(k, 0.0) + v, 3)
     order = ("plan", "provision", "stage", "train", "recover", "pull", "teardown")
@@ -33,12 +32,12 @@ def attempt_dict(orch, a) -> dict:
 
     inst = orch.ledger.get(a.instance_id) if a.instance_id else None
     spent = group.cost(orch, inst) if inst else 0.0
-    offer = record.loads(a.offer, {})
+    offer = row_json(a.offer, {})
     return {"number": a.number, "instance": a.instance_name, "instance_id": a.instance_id,
             "instance_state": inst.state if inst else None, "provider": a.provider, "offer": offer.get("line"),
             "offer_key": offer.get("key"),
             "price_hr": a.price_hr, "state": a.state, "start_epoch": a.start_epoch, "resumed_from": a.resumed_from,
-            "reason": a.reason, "cost": round(spent, 6), "phases": record.loads(a.phases, {}),
+            "reason": a.reason, "cost": round(spent, 6), "phases": row_json(a.phases, {}),
             "started_at": iso(a.started_at), "ended_at": iso(a.ended_at)}
 
 
@@ -68,8 +67,8 @@ def job_dict(orch, job) -> dict:
             "attempts": [attempt_dict(orch, a) for a in attempts],
             "instance": current.instance_name if current else None, "provider": current.provider if current else None,
             "cost": round(spent, 6), "max_cost": job.max_cost, "max_hours": job.max_hours, "retries": job.retries,
-            "keep": job.keep, "weights": job.weights, "plan": record.loads(job.plan, {}), "nodes": job.nodes,
-            "phases": phases(job, attempts), "history": record.loads(job.history, []),
+            "keep": job.keep, "weights": job.weights, "plan": row_json(job.plan, {}), "nodes": job.nodes,
+            "phases": phases(job, attempts), "history": row_json(job.history, []),
             "schedule": ledger_schedules.of_jobs(orch.ledger, [job.id]).get(job.id),  # the schedule that started it
             "node_progress": node_progress(orch, job, current, kind),
             "created_at": iso(job.created_at), "updated_at": iso(job.updated_at), "ended_at": iso(job.ended_at)}

@@ -25,10 +25,10 @@ from orchestrator.ledger import claims
 from orchestrator.tasks import task
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.jobs.kinds.base import JobKind, Launched
-from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, loads, log_tail, node_log, note_once,
+from orchestrator.jobs.record import (allowed_secrets, checkpoint_dir, copies, log_tail, node_log, note_once,
                                       tail_lines, weights_dir)
 from orchestrator.nodes import Run, is_plain_ip, mpi_hostfile, run_env
-from orchestrator.text import clean
+from orchestrator.text import clean, row_json
 from orchestrator.text import why as _why
 
 MAX_FILE = 1 << 40
@@ -337,14 +337,14 @@ def _other_nodes(orch, head) -> dict:
         if view["exit_code"] is None:
             running = True
         elif view["exit_code"] != 0 and failed is None:
-            secrets = loads(run.args, {}).get("secrets") or []  # its secrets hidden, or no line kept
+            secrets = row_json(run.args, {}).get("secrets") or []  # its secrets hidden, or no line kept
             failed = (node.node_rank, view["exit_code"], view["phase"], tail_lines(tail, secrets))
     return {"running": running, "failed": failed}
 
 
 def record_exit(orch, run, code: int, phase: str | None) -> None:
     """The exit code on the run row (its args), where `orch jobs show` finds it after the instance is gone."""
-    args = {**loads(run.args, {}), "kind": "command", "exit_code": code, "phase": phase}  # its secrets' names kept
+    args = {**row_json(run.args, {}), "kind": "command", "exit_code": code, "phase": phase}  # its secrets' names kept
     if run.args != json.dumps(args, sort_keys=True):
         orch.ledger.update_run(run.id, args=json.dumps(args, sort_keys=True))
 
@@ -536,7 +536,7 @@ class CommandKind(JobKind):
         except OrchError as e:
             note_once(orch, job, f"log not pulled this time: {_why(e)}", inst.name, say=False)
         cmd = self.spec
-        if not cmd.checkpoint or not due(loads(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
+        if not cmd.checkpoint or not due(row_json(job.phases, {}).get("checkpoint_at"), cmd.checkpoint_minutes):
             return
         try:
             _, problem = self._take(orch, job, inst)
@@ -554,7 +554,7 @@ class CommandKind(JobKind):
             return None
         every = self.spec.checkpoint_minutes * 60
         try:
-            last = datetime.fromisoformat(loads(job.phases, {}).get("checkpoint_at") or "")
+            last = datetime.fromisoformat(row_json(job.phases, {}).get("checkpoint_at") or "")
         except (TypeError, ValueError):
             return every
         left = every - (datetime.now(timezone.utc) - last).total_seconds()
@@ -579,7 +579,7 @@ class CommandKind(JobKind):
         ok, problem = snapshot(orch, inst, cmd, checkpoint_dir(orch.home, job.name, number))
         if not ok:  # the next look tries again (a folder being written, or none yet)
             return None, problem
-        phases = loads(orch.ledger.get_job(job.id).phases, {})
+        phases = row_json(orch.ledger.get_job(job.id).phases, {})
         phases["checkpoint_at"] = datetime.now(timezone.utc).isoformat()  # a string: phases() sums numbers only
         orch.ledger.update_job(job.id, phases=json.dumps(phases), checkpoint_epoch=number)
         for k in copies(orch.home, job.name)[:-max(cmd.keep_checkpoints, 1)]:
