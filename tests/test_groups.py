@@ -21,7 +21,9 @@ def _leftovers(home):
 @pytest.mark.parametrize("args, says", [
     (["--nodes", "0", "--cpu"], "--nodes must be between 1 and 64, not 0"),
     (["--nodes", "1000", "--cpu"], "--nodes must be between 1 and 64, not 1000"),
-    (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group"),
+    (["--nodes", "2", "--provider", "vastai", "--gpu", "RTX 4090", "--data", "DS", "--batch", "8"], "vastai cannot rent a group of instances (its marketplace instances are on unrelated hosts with no private "
+     "network between them (Vast's overlay networks are another API, planned separately)); these can: aws, lambda, "
+     "local, runpod"),
     (["--nodes", "3", "--cpu", "--data", "DS", "--batch", "4"], "--batch 4 does not divide by the world size 3"),
     (["--nodes", "2", "--gpus", "2", "--provider", "local", "--data", "DS"], "give --batch"),
     (["--nodes", "-1", "--cpu"], "--nodes must be between 1 and 64, not -1"),
