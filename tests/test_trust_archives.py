@@ -302,7 +302,8 @@ def test_a_copy_that_fails_the_check_is_never_kept_nor_uploaded_and_the_attempt_
     import shutil
 
     from orchestrator.jobs import resume_copy
-    from orchestrator.jobs.record import checkpoint_dir, loads
+    from orchestrator.jobs.record import checkpoint_dir
+    from orchestrator.text import row_json as loads
     from tests.clouds import arrange, open_orch
     from tests.test_redteam import VOUCHES
 
@@ -344,7 +345,8 @@ def test_a_copy_an_attempt_crashed_on_as_it_resumed_is_forgotten_and_a_lost_mach
     """A copy that passes every check and still crashes the training as it resumes would crash every
     later attempt too, until the retries ran out: forgotten after the first, the next starts over."""
     from orchestrator.jobs import resume_copy
-    from orchestrator.jobs.record import checkpoint_dir, loads
+    from orchestrator.jobs.record import checkpoint_dir
+    from orchestrator.text import row_json as loads
     from tests.clouds import open_orch
 
     orch = open_orch()
