@@ -76,7 +76,11 @@ def check_batch(batch: int | None, nodes: int, procs_per_node: int, default: int
 def check_provider(provider, nodes: int, request: Request) -> None:
     """The provider's own word on a group (a feature it implements, never its name)."""
     if nodes > 1 and not isinstance(provider, RentsGroups):
-        raise UsageError(f"--nodes {nodes}: {provider.name} cannot rent a group of instances ({provider.groups_refused})")
+        from orchestrator.provider import plugins
+
+        able = sorted(n for n, cls in plugins.providers().items() if issubclass(cls, RentsGroups))
+        raise UsageError(f"--nodes {nodes}: {provider.name} cannot rent a group of instances ({provider.groups_refused}); "
+                         f"providers that rent a group: {', '.join(able)}")
 
 
 # -- the ledger's view of groups -----------------------------------------------------------------

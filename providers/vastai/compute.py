@@ -50,7 +50,7 @@ class VastAIProvider(Provider, Stoppable, SelfEnding, HasVolumes):
     # Vast"); dstack's VastAICompute (github.com/dstackai/dstack, src/dstack/_internal/core/backends/vastai/compute.py)
     # is no ComputeWithMultinodeSupport.
     groups_refused = ("its marketplace instances are on unrelated hosts with no private network between them "
-                      "(Vast's overlay networks are another API, planned separately): use aws, lambda or local")
+                      "(Vast's overlay networks are another API, planned separately)")
 
     def configured(self) -> bool:
         return api.has_key(self.settings)
