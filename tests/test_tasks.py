@@ -409,6 +409,10 @@ def test_a_failing_command_ends_the_job_failed_with_its_code_and_last_lines_and_
     assert live_instances() == [] and local_billing(orch_home) == set()
     assert "exit 3" in run_orch("jobs", check=0).stdout
     assert "last words" in run_orch("jobs", "logs", "boom", check=0).stdout
+    # `orch status boom` after `orch run boom` (its instance is boom-a1): pointed at the job, not "no instance"
+    for verb, points_at in (("status", "orch jobs show boom"), ("logs", "orch jobs logs boom")):
+        said = run_orch(verb, "boom", check=2).stderr
+        assert said.count("\n") == 1 and "boom is a job, not an instance" in said and points_at in said, said
 
 
 def test_a_failing_setup_ends_the_job_and_never_runs_the_command(orch_home, tmp_path):
