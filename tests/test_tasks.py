@@ -401,6 +401,10 @@ def test_a_failing_command_ends_the_job_failed_with_its_code_and_last_lines_and_
     proc = run_orch("run", "boom", "--cpu", "--wait", "--", "bash", "-c",
                     "echo first words; echo last words >&2; exit 3", check=1)
     assert "exited 3" in proc.stdout and "last words" in proc.stdout, proc.stdout
+    # a command job's machine is rented and reached over SSH, nothing more: its steps count two ("[2/4]" promised
+    # a provisioning and a proof that never came)
+    assert "[1/2] renting on local" in proc.stderr and "[2/2] waiting for SSH" in proc.stderr, proc.stderr
+    assert "/4]" not in proc.stderr, proc.stderr
     job = job_json("boom")
     assert job["state"] == "failed" and job["exit_code"] == 3 and job["exit_phase"] == "run"
     assert "run exited 3" in job["reason"] and "last words" in job["reason"]
