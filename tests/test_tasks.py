@@ -419,6 +419,20 @@ def test_a_failing_command_ends_the_job_failed_with_its_code_and_last_lines_and_
         assert said.count("\n") == 1 and "boom is a job, not an instance" in said and points_at in said, said
 
 
+def test_the_watchdogs_deadline_from_max_cost_is_said_in_minutes_a_user_reads(orch_home):
+    """--max-cost $0.10 at $1/hr leaves the machine six minutes: the line said 'past 0.0999047 h'."""
+    import re
+
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 1.0\n")
+    proc = run_orch("run", "capped", "--cpu", "--max-cost", "0.1", "--wait", "--", "true", check=0)
+    said = re.search(r"watchdog: idle \S+ min or past (\S+) (\S+) -> stop", proc.stderr)
+    assert said, proc.stderr
+    number, unit = said.groups()
+    assert unit == "min" and 5.9 <= float(number) <= 6 and len(number.replace(".", "")) <= 3, said.group(0)
+    assert live_instances() == [] and local_billing(orch_home) == set()
+
+
 def test_a_failing_setup_ends_the_job_and_never_runs_the_command(orch_home, tmp_path):
     task = write(tmp_path / "task.yaml", """
         name: nosetup
