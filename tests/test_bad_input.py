@@ -260,6 +260,7 @@ ACCEPTED_BEFORE = {
     "--max-hours inf": (None, ["run", "x", "--cpu", "--max-hours", "inf", "--", "true"], "--max-hours"),
     "a file's run and a command after --": (TASK, ["run", "-f", "{task}", "--", "echo"], "not both"),
     "a command after -- is no name": (None, ["run", "--cpu", "--", "echo", "hi"], "needs a name"),
+    "nothing after --": (None, ["run", "x", "--cpu", "--"], "nothing after --"),  # was '--data needs a dataset'
     "--cpu --spot": (None, ["run", "x", "--cpu", "--spot", "--", "true"], "spot"),
     "cpu and spot in a file": ("name: t\nresources: {cpu: true, spot: true}\nrun: echo hi\n", ["run", "-f", "{task}"],
                                "spot"),

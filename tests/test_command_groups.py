@@ -33,6 +33,8 @@ def test_dash_dash_nodes_runs_the_command_on_every_node_with_its_rank_and_the_he
                     'procs=$ORCH_PROCS_PER_NODE ips=$(echo $ORCH_NODE_IPS)"', check=0)
     job = json.loads(proc.stdout)
     assert job["state"] == "completed" and job["nodes"] == 2, job["history"][-3:]
+    # every node went, and the job says so (it named rank 0 alone: "instance pair-a1-0 destroyed")
+    assert "the group pair-a1 (2 nodes) destroyed" in job["reason"], job["reason"]
     rows = group_rows("pair-a1-")
     assert [r.node_rank for r in rows] == [0, 1] and len({r.private_ip for r in rows}) == 2
     head = rows[0].private_ip
@@ -59,6 +61,7 @@ def test_a_node_that_exits_non_zero_fails_the_job_naming_its_rank_and_the_others
     job = json.loads(proc.stdout)
     assert job["state"] == "failed", job["history"][-3:]
     assert "node 1: run exited 3" in job["reason"] and "rank 1 went boom" in job["reason"], job["reason"]
+    assert "the group boom-a1 (2 nodes) destroyed" in job["reason"], job["reason"]
     assert time.monotonic() - t0 < 110, "the head's command was ended, not waited for"
     assert live_instances() == [] and local_billing(orch_home) == set()
 

@@ -59,6 +59,8 @@ def test_vastai_refuses_a_group_before_any_api_call(orch_home, monkeypatch):
     for provider in ("vastai",):
         p = run_orch("up", "g", "--nodes", "2", "--provider", provider, "--gpu", "RTX 4090")
         assert p.returncode == 2 and "no private network" in p.stderr, p.stderr
+        # where a group can be had: every provider that rents one (it named three, leaving RunPod out)
+        assert "these can: aws, lambda, local, runpod" in p.stderr, p.stderr
     assert not orch_home.exists()
 
 

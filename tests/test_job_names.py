@@ -86,7 +86,7 @@ def test_ctrl_c_before_the_command_started_cancels_the_job_and_rents_no_second_a
 
     # A user's environment: the watcher on. It relaunched the interrupted attempt (a second rental).
     proc = orch_proc("run", "reflex", "--cpu", "--wait", "--", "sleep", "600", env=WATCHED)
-    seen, rest = interrupt_when(proc, "[1/4] renting on local")
+    seen, rest = interrupt_when(proc, "renting on local")
     assert proc.returncode == 130, seen + rest
     assert "interrupted before job reflex's command started: cancelling it" in rest, seen + rest
     assert "job reflex: cancelled; nothing of it is left rented" in rest, seen + rest

@@ -401,6 +401,10 @@ def test_a_failing_command_ends_the_job_failed_with_its_code_and_last_lines_and_
     proc = run_orch("run", "boom", "--cpu", "--wait", "--", "bash", "-c",
                     "echo first words; echo last words >&2; exit 3", check=1)
     assert "exited 3" in proc.stdout and "last words" in proc.stdout, proc.stdout
+    # a command job's machine is rented and reached over SSH, nothing more: its steps count two ("[2/4]" promised
+    # a provisioning and a proof that never came)
+    assert "[1/2] renting on local" in proc.stderr and "[2/2] waiting for SSH" in proc.stderr, proc.stderr
+    assert "/4]" not in proc.stderr, proc.stderr
     job = job_json("boom")
     assert job["state"] == "failed" and job["exit_code"] == 3 and job["exit_phase"] == "run"
     assert "run exited 3" in job["reason"] and "last words" in job["reason"]
@@ -409,6 +413,24 @@ def test_a_failing_command_ends_the_job_failed_with_its_code_and_last_lines_and_
     assert live_instances() == [] and local_billing(orch_home) == set()
     assert "exit 3" in run_orch("jobs", check=0).stdout
     assert "last words" in run_orch("jobs", "logs", "boom", check=0).stdout
+    # `orch status boom` after `orch run boom` (its instance is boom-a1): pointed at the job, not "no instance"
+    for verb, points_at in (("status", "orch jobs show boom"), ("logs", "orch jobs logs boom")):
+        said = run_orch(verb, "boom", check=2).stderr
+        assert said.count("\n") == 1 and "boom is a job, not an instance" in said and points_at in said, said
+
+
+def test_the_watchdogs_deadline_from_max_cost_is_said_in_minutes_a_user_reads(orch_home):
+    """--max-cost $0.10 at $1/hr leaves the machine six minutes: the line said 'past 0.0999047 h'."""
+    import re
+
+    orch_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (orch_home / "config.toml").write_text("[providers.local]\nprice_per_hour = 1.0\n")
+    proc = run_orch("run", "capped", "--cpu", "--max-cost", "0.1", "--wait", "--", "true", check=0)
+    said = re.search(r"watchdog: idle \S+ min or past (\S+) (\S+) -> stop", proc.stderr)
+    assert said, proc.stderr
+    number, unit = said.groups()
+    assert unit == "min" and 5.9 <= float(number) <= 6 and len(number.replace(".", "")) <= 3, said.group(0)
+    assert live_instances() == [] and local_billing(orch_home) == set()
 
 
 def test_a_failing_setup_ends_the_job_and_never_runs_the_command(orch_home, tmp_path):

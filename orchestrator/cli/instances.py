@@ -205,6 +205,9 @@ def status(
         return
     inst = orch.ledger.by_name(name, live_only=False)
     if inst is None:
+        if orch.ledger.job(name) is not None:  # `orch run NAME` then `orch status NAME`: its machines are NAME-aK
+            raise UsageError(f"{name} is a job, not an instance: `orch jobs show {name}` shows it, its attempts and "
+                             "their machines")
         raise UsageError(f"no instance named {name!r}")
     inst = orch.refresh(inst)
     if inst.state == "ready":

@@ -86,6 +86,9 @@ def _after_dashes(name, command):
     is positional), which is the command's first word, not the job's name."""
     args = sys.argv[1:]
     rest = args[args.index("--") + 1:] if "--" in args else []
+    if "--" in args and not rest and not any(a == "-f" or a.startswith("--file") for a in args):
+        # `orch run NAME --cpu --` with the command forgotten was taken for a training ('--data needs ...')
+        raise UsageError("orch run: nothing after --: give the command to run (`orch run NAME -- CMD ARGS...`)")
     if name is not None and rest and rest == [name, *(command or [])]:
         return None, [name, *(command or [])]
     return name, command

@@ -138,7 +138,8 @@ class Orch(InstanceOps):
         self.check_up(provider_name, request, [name], [request], halted)
         inst = leftover(self, name, provider_name, request)  # what an interrupted `orch up` left
         if inst is not None:
-            self.say(f"[1/4] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an interrupted `orch up`")
+            self.say(f"[1/{_steps(prepare)}] resuming {inst.label} ({inst.provider_id}), left {inst.state} by an "
+                     "interrupted `orch up`")
         launch = (lambda ready: after_verify(ready[0])) if after_verify else None
         return self.up_nodes(provider_name, [name], [request], policy, [group or {}], ssh_timeout=ssh_timeout,
                              launch=launch, prepare=prepare, halted=halted,
@@ -180,7 +181,8 @@ class Orch(InstanceOps):
         A failure after the provider may have made some destroys what it made."""
         rows = [self.record_new(name, provider_name, req, policy, f) for name, req, f in zip(names, requests, fields)]
         several = f"{len(rows)} nodes " if len(rows) > 1 else ""  # the line names the count of a group only
-        self.say(f"[1/4] renting {several}on {provider_name} as {rows[0].label}{' ...' if several else ''}")
+        self.say(f"[1/{_steps(prepare)}] renting {several}on {provider_name} as {rows[0].label}"
+                 f"{' ...' if several else ''}")
         kill_point("before-create")
         remotes = self._create_all(provider, rows, requests)
         try:
@@ -378,7 +380,8 @@ class Orch(InstanceOps):
                     raise OrchError(why)
 
             timeout = ssh_timeout or float(config.get("ssh_timeout_minutes", 20)) * 60
-            self.say(f"[2/4] waiting for SSH (up to {timeout / 60:.0f} min)")
+            steps = _steps(recalled(self.ledger.recall(inst.id, "prepare")))
+            self.say(f"[2/{steps}] waiting for SSH (up to {timeout / 60:.0f} min)")
             kill_point("ssh-wait")
             check()
             remote = reach.wait_ssh(provider, inst.provider_id, timeout, progress=lambda m: self.say(f"      {m}"),
@@ -628,4 +631,11 @@ def _proved(proof: dict) -> str:
     return f", proved {datetime.fromtimestamp(at, timezone.utc):%H:%M:%S} UTC this boot"
 
 
+def _steps(prepare: Provisioning | None) -> int:
+    """How many steps the bring-up's "[k/N]" lines count: rent and SSH, then provisioning and the proof
+    where the machine gets them (a command job's gets SSH alone: "[2/4]" promised two more that never came)."""
+    return 4 if prepare else 2
+
+
 __all__ = ["Orch", "check_request", "check_name", "Request"]
+

@@ -461,6 +461,14 @@ def _on_notice(orch, job, js: JobSpec, attempt, inst, run, notice: dict):
 
 
 # -- endings ---------------------------------------------------------------------------------
+def _machines(inst) -> str:
+    """What an attempt's teardown ended, as the job's reason names it: every node of a group (rank 0's
+    name alone read as if the other nodes were left), or the one instance."""
+    from orchestrator.instances import groups
+
+    return f"the group {inst.group_name} ({inst.group_size} nodes)" if groups.is_group(inst) else f"instance {inst.name}"
+
+
 def _destroy_attempt(orch, job, inst, reason: str) -> str | None:
     """Destroy an attempt's instance (every node of its group) if it still exists; why not, if it
     could not be."""
@@ -473,8 +481,7 @@ def _destroy_attempt(orch, job, inst, reason: str) -> str | None:
         group.destroy(orch, inst, reason)  # every node, at once: none is left alone (nor billing)
         return None
     except OrchError as e:
-        what = f"the group {inst.group_name}" if inst.group_name else inst.name
-        note(orch, job, f"could not destroy {what} ({_why(e)}): the reaper keeps at it, and its cost counts")
+        note(orch, job, f"could not destroy {_machines(inst)} ({_why(e)}): the reaper keeps at it, and its cost counts")
         return _why(e)
 
 
@@ -664,7 +671,7 @@ def _complete(orch, job, js: JobSpec, attempt, inst, how: str):
             if problem:
                 ended = f"NOT destroyed ({problem})"
     job = record.job_phase(orch, job, "teardown", time.monotonic() - t0)
-    reason, fields = kind.completed(job, how, dest, f"instance {inst.name} {ended}")
+    reason, fields = kind.completed(job, how, dest, f"{_machines(inst)} {ended}")
     return finish_job(orch, job, COMPLETED, reason + _keep_copies(orch, job, js), **fields)
 
 
@@ -720,7 +727,7 @@ def _failed(orch, job, js: JobSpec, attempt, inst, run, view: dict, why: str):
     problem = _destroy_attempt(orch, job, inst, f"job {job.name}: {why}")
     detail = js.kind_of().failure_detail(dest)
     return finish_job(orch, orch.ledger.get_job(job.id), FAILED,
-                      f"{why}; instance {inst.name} " + (f"NOT destroyed ({problem})" if problem else "destroyed")
+                      f"{why}; {_machines(inst)} " + (f"NOT destroyed ({problem})" if problem else "destroyed")
                       + (f"; {detail}" if detail else ""))
 
 
