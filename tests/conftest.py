@@ -198,26 +198,26 @@ def on_instance(name: str):
     return importlib.import_module(name)
 
 
-def orch_popen(args, env=None, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
-    """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface), on one CPU
-    (``one_cpu``), forked from a process that imported orch once (``tests.zygote``;
+def orch_popen(args, env=None, stdin=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT):
+    """``orch ARGS`` started as a user starts it (``subprocess.Popen``'s interface) in ``cwd``, on
+    one CPU (``one_cpu``), forked from a process that imported orch once (``tests.zygote``;
     ``ORCH_TEST_FORK=0``: a fresh interpreter, as a user's)."""
     from tests import zygote
     from tests.fakes.hosts import quietest_cpu
 
     full = {**os.environ, **(env or {})}
     args = [str(a) for a in args]
-    forked = zygote.popen(args, full, ROOT, stdin=stdin, stdout=stdout, stderr=stderr, text=True, cpu=quietest_cpu()) \
+    forked = zygote.popen(args, full, cwd, stdin=stdin, stdout=stdout, stderr=stderr, text=True, cpu=quietest_cpu()) \
         if zygote.enabled() else None
     if forked is not None:
         return forked
     return one_cpu(subprocess.Popen([sys.executable, "-m", "orchestrator", *args], stdin=stdin, stdout=stdout,
-                                    stderr=stderr, text=True, env=full, cwd=ROOT))
+                                    stderr=stderr, text=True, env=full, cwd=cwd))
 
 
-def run_orch(*args, env=None, check=None, timeout=600, input=None):
-    """``orch`` as a user runs it: a separate process, its exit code, its stdout and stderr."""
-    proc = orch_popen(args, env, stdin=subprocess.PIPE if input is not None else None)
+def run_orch(*args, env=None, check=None, timeout=600, input=None, cwd=ROOT):
+    """``orch`` as a user runs it (in ``cwd``): a separate process, its exit code, its stdout and stderr."""
+    proc = orch_popen(args, env, stdin=subprocess.PIPE if input is not None else None, cwd=cwd)
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -181,3 +181,18 @@ def test_an_orch_process_ends_with_its_ledger_closed_and_a_reader_that_left_said
     # A usage error still exits 2 with one line, through the same end.
     bad = orch("schedule", "add", "-f", str(task), "--cron", "not a cron", capture_output=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_wait_looks_again_soon_at_first_and_a_long_wait_still_looks_once_per_interval():
+    """`orch run --wait` and `orch up --wait` (``runs.pause``): a job or run of a couple of seconds
+    is seen ending within a couple of seconds, not at the next 5-second look; a wait of an hour
+    asks the ledger and the instance no more often than every 5 seconds once past its first looks."""
+    from orchestrator.runs import runs
+
+    for _ in range(20):  # the schedule has jitter: every draw keeps both promises
+        waits = [runs.pause(n, 5.0) for n in range(1, 800)]
+        at = [sum(waits[:n]) for n in range(1, len(waits) + 1)]  # when each look after the first happens
+        assert waits[0] < 1.0
+        assert next(t for t in at if t >= 2.0) < 5.0  # a job ending 2 s in is seen before the old first look
+        assert max(waits) == 5.0 and waits[-1] == 5.0  # the cap is the interval asked for, no less
+        assert sum(1 for t in at if t <= 3600) <= 3600 / 5 + 5  # an hour: about one look per 5 s

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from providers import local as sshd
 from orchestrator.provider import Status, stopped_rate
 from orchestrator.reaper.rules import DESTROY, KEEP, REPORT, STOP, Facts, Observed, decide
 from playbooks.on_instance import watchdog
-from tests.conftest import needs_torch, run_orch
+from tests.conftest import needs_torch, orch_popen, run_orch
 
 T0 = datetime(2026, 7, 31, 12, 0, tzinfo=timezone.utc)
 
@@ -313,8 +312,7 @@ def test_max_runtime_then_stopped_past_break_even_is_destroyed(orch_home, no_wat
     inst = orch.ledger.by_name("dl")
     person = _interactive_session(orch_home, inst)
     # orch's own non-interactive commands must not count as someone at the keyboard
-    robot = subprocess.Popen([sys.executable, "-m", "orchestrator", "ssh", "dl", "--", "sleep", "60"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    robot = orch_popen(["ssh", "dl", "--", "sleep", "60"])  # it prints nothing: its pipes stay empty
     try:
         wait_for(lambda: reaper.look(orch, inst, None)[0].sessions >= 1, what="the session to show")
         obs, _ = reaper.look(orch, inst, None)

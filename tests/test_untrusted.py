@@ -19,7 +19,7 @@ import pytest
 from orchestrator.tasks import dataset
 from playbooks import pull as pulling
 from tests.clouds import arrange, open_orch
-from tests.conftest import needs_torch, run_orch
+from tests.conftest import needs_torch, orch_popen, run_orch
 
 ON_INSTANCE = Path(__file__).resolve().parent.parent / "playbooks" / "on_instance"
 
@@ -157,9 +157,7 @@ def test_two_downs_at_once_one_pulls_verified_weights_the_other_is_refused(orch_
     import shutil
 
     shutil.rmtree(orch_home / "runs" / "twice")  # --wait brought it home: both downs must pull it again
-    env = {**os.environ}
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", "down", "twice"], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [orch_popen(["down", "twice"]) for _ in range(2)]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
     codes = sorted(r[2] for r in results)
     assert codes == [0, 1], results

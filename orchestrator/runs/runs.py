@@ -226,12 +226,26 @@ def _duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+FIRST_LOOK_S = 0.5  # --wait looks again this soon at first: a job or run of seconds returns in seconds
+
+
+def pause(looks: int, interval: float) -> float:
+    """--wait's pause after its ``looks``-th look at a run or job still going: doubling from
+    ``FIRST_LOOK_S`` up to ``interval`` (a short one is seen ending soon; a long wait still costs
+    the ledger and the instance one look per ``interval``), on the project's one backoff schedule."""
+    from orchestrator.provider import http
+
+    return http.backoff(looks, min(FIRST_LOOK_S, interval), interval)
+
+
 def follow(orch, inst, run, interval: float = 3.0, out=None) -> dict:
-    """--wait: a live progress line until the run ends, pulling milestones as they appear."""
+    """--wait: a live progress line until the run ends, pulling milestones as they appear; looked at
+    often at first, then up to every ``interval`` seconds (``pause``)."""
     import sys
 
     out = out or sys.stderr
     last = ""
+    looks = 0
     while True:
         view = read(orch, inst, run)
         pull(orch, inst, run, view=view, only_milestones=True)
@@ -241,7 +255,8 @@ def follow(orch, inst, run, interval: float = 3.0, out=None) -> dict:
             last = line
         if view["state"] in ENDED:
             return view
-        time.sleep(interval)
+        looks += 1
+        time.sleep(pause(looks, interval))
 
 
 # -- end ------------------------------------------------------------------------------------------

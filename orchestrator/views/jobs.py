@@ -139,9 +139,13 @@ def progress_line(d: dict) -> str:
 
 
 def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None = None):
-    """--wait: a look every ``interval`` seconds, a line whenever it changes, until the job ends."""
+    """--wait: a look at once, then ever less often up to every ``interval`` seconds
+    (``runs.pause``), a line whenever it changes, until the job ends."""
+    from orchestrator.runs import runs
+
     say = say or orch.say
     last: list[str] = []
+    looks = 0
     while True:
         job = jobs.advance(orch, job)
         d = job_dict(orch, job)
@@ -153,4 +157,5 @@ def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None =
             last = lines
         if job.state in jobs.ENDED:
             return job
-        time.sleep(interval)
+        looks += 1
+        time.sleep(runs.pause(looks, interval))
