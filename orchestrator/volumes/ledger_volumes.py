@@ -102,12 +102,17 @@ def create(ledger, actor: str = "cli", reason: str = "requested", **fields: Any)
         if taken:
             raise UsageError(f"a volume named {row.name!r} already exists on {taken.provider} ({taken.state}): "
                              "`orch volume ls`")
-        s.add(row)
-        s.flush()
-        s.add(VolumeEvent(volume_id=row.id, from_state=None, to_state=row.state, reason=reason, actor=actor))
-        s.commit()
-        s.refresh(row)
+        _insert(s, row, reason, actor)
     return row
+
+
+def _insert(s, row: VolumeRow, reason: str, actor: str) -> None:
+    """The row and its first event, in the session that checked its name was free."""
+    s.add(row)
+    s.flush()
+    s.add(VolumeEvent(volume_id=row.id, from_state=None, to_state=row.state, reason=reason, actor=actor))
+    s.commit()
+    s.refresh(row)
 
 
 def adopt(ledger, row: VolumeRow, reason: str, actor: str) -> VolumeRow | None:
@@ -122,11 +127,7 @@ def adopt(ledger, row: VolumeRow, reason: str, actor: str) -> VolumeRow | None:
                                             & (VolumeRow.provider_id == row.provider_id)))).first()
         if taken is not None:
             return None
-        s.add(row)
-        s.flush()
-        s.add(VolumeEvent(volume_id=row.id, from_state=None, to_state=row.state, reason=reason, actor=actor))
-        s.commit()
-        s.refresh(row)
+        _insert(s, row, reason, actor)
     return row
 
 
