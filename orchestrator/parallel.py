@@ -87,6 +87,48 @@ def ctrl_c_held():
             signal.raise_signal(signal.SIGINT)
 
 
+
+# A Ctrl-C Python dropped: a KeyboardInterrupt raised while a finalizer or a weakref callback runs
+# (a garbage collection freeing SQLAlchemy's object states mid-poll, say) cannot propagate: Python
+# prints "Exception ignored in ..." and goes on (the docs of sys.unraisablehook). `orch run --wait`
+# then waited on after the keypress. The CLI keeps such Ctrl-Cs (``keep_dropped_ctrl_c``) and every
+# waiting loop sleeps through ``nap``, which raises the one dropped since.
+_dropped: list = []
+
+
+def keep_dropped_ctrl_c() -> None:
+    """From now on a KeyboardInterrupt Python could not raise is kept for the next ``nap`` (said
+    nowhere: it is not lost); any other unraisable goes to the hook that was there. Once per process."""
+    import sys
+
+    before = sys.unraisablehook
+    if getattr(before, "keeps_ctrl_c", False):
+        return
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _dropped.append(unraisable.exc_type)
+        else:
+            before(unraisable)
+
+    hook.keeps_ctrl_c = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def nap(seconds: float) -> None:
+    """``time.sleep`` for a loop that waits on something, raising a Ctrl-C Python dropped since."""
+    import time
+
+    _raise_dropped()
+    time.sleep(seconds)
+    _raise_dropped()
+
+
+def _raise_dropped() -> None:
+    if _dropped:
+        _dropped.clear()
+        raise KeyboardInterrupt
+
 def bound(flag: int | None = None) -> int:
     """How many at a time: the flag, else ``reaper_parallel`` in config.toml, else 8."""
     from orchestrator import config

@@ -14,7 +14,6 @@ command's code; ``--detach`` returns once it started. The machine stays up when 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,6 +22,7 @@ import typer
 from orchestrator.cli.app import app, instance_named, open_orch, out, say
 from orchestrator.cli import task_run
 from orchestrator.errors import OrchError, UsageError
+from orchestrator import parallel as par
 
 POLL_S = 1.0
 # What a task file may say that `orch exec` does not use: it rents nothing and relaunches nothing.
@@ -190,7 +190,7 @@ def follow(orch, head, run, cmd) -> dict:
             if part:
                 sys.stdout.write(_printable(part, hide))
             return view
-        time.sleep(POLL_S)
+        par.nap(POLL_S)
 
 
 def _bring_home(orch, head, run, cmd) -> tuple[Path, list[str]]:

@@ -16,6 +16,7 @@ import typer
 from orchestrator.cli.app import app, emit_json, instance_named, open_orch, out, say
 from orchestrator.errors import OrchError, SSHError, UsageError
 from orchestrator.text import clean
+from orchestrator import parallel as par
 
 
 @app.command()
@@ -531,8 +532,6 @@ class _Hiding:
 @app.command()
 def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next free one if taken).")):
     """Forward libreyolo monitor on the instance to 127.0.0.1 on this machine."""
-    import time
-
     from orchestrator.instances.lifecycle import check_name
     from playbooks import train
 
@@ -552,7 +551,7 @@ def monitor(name: str, port: int = typer.Option(8420, help="Local port (the next
             print(f"libreyolo monitor for {name}: http://127.0.0.1:{local}/  (Ctrl-C to stop forwarding)", flush=True)
             try:
                 while True:
-                    time.sleep(1)
+                    par.nap(1)
             except KeyboardInterrupt:
                 pass
 

@@ -21,6 +21,7 @@ from orchestrator.cli.app import app, console, emit_json, open_orch, out, say
 from orchestrator.cli import task_run
 from orchestrator.errors import UsageError
 from orchestrator.text import clean
+from orchestrator import parallel as par
 
 jobs_app = typer.Typer(help="Jobs started by `orch run`: list (`orch jobs`), show, cancel, logs, rm.",
                        invoke_without_command=True)
@@ -398,7 +399,7 @@ def _follow_log(orch, job, lines: int, node: int) -> None:
         inst = _node_now(orch, job, node)
         run = orch.ledger.latest_run(inst.id) if inst is not None else None
         if inst is None or inst.state != states.READY or run is None:
-            time.sleep(FOLLOW_S)
+            par.nap(FOLLOW_S)
             job = look(job)
             continue
         if current is not None and current != (inst.id, run.id):
@@ -412,7 +413,7 @@ def _follow_log(orch, job, lines: int, node: int) -> None:
                 while job.state in jobs.ACTIVE:
                     if not printer.read(sftp, path, lines):
                         break  # the connection dropped: the next look says where the job goes
-                    time.sleep(FOLLOW_S)
+                    par.nap(FOLLOW_S)
                     job = look(job)
                     now = _node_now(orch, job, node)
                     latest = orch.ledger.latest_run(now.id) if now is not None else None
@@ -421,7 +422,7 @@ def _follow_log(orch, job, lines: int, node: int) -> None:
                 else:
                     printer.read(sftp, path, lines)  # what it wrote before it ended, while it still answers
         except OrchError:
-            time.sleep(FOLLOW_S)  # lost, or not answering: the next look says where the job goes
+            par.nap(FOLLOW_S)  # lost, or not answering: the next look says where the job goes
             job = look(job)
     pulled = node_log(weights_dir(orch.home, job.name), node)
     printer.rest(pulled if current is None or current == _now_key(orch, job, node) else None, lines)

@@ -177,6 +177,9 @@ def _watch_ctrl_c() -> list:
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt)
+    from orchestrator import parallel
+
+    parallel.keep_dropped_ctrl_c()  # one that lands in a finalizer reaches the next wait's nap
     return seen
 
 

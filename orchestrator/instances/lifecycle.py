@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from orchestrator import config, states
+from orchestrator import config, parallel as par, states
 from orchestrator.ledger import claims
 from orchestrator.ssh import reach
 from orchestrator.errors import AuthError, HostKeyMismatch, OrchError, ProviderError, StartRefused, UsageError
@@ -236,8 +236,6 @@ class Orch(InstanceOps):
         on, so nothing bills. ``launch`` runs on this thread once every node is ready."""
         import threading
 
-        from orchestrator import parallel as par
-
         halt: list[str] = []  # why the bring-up was called off: set once, by the first failure or Ctrl-C
         first: list[int] = []  # the rank whose own failure called it off
         lock = threading.Lock()
@@ -312,8 +310,6 @@ class Orch(InstanceOps):
     def down_all(self, nodes: list[Instance], reason: str) -> list[Instance]:
         """Destroy every node at once; then what the provider made for the group. Raises when a node
         could not be destroyed (after trying them all: the others are gone)."""
-        from orchestrator import parallel as par
-
         live_nodes = [n for n in nodes if self.ledger.get(n.id).state in states.LIVE]
         # Gathered: a node that could not be destroyed stops none of the others.
         outcomes = par.each(lambda node: self.down(self.ledger.get(node.id), reason), live_nodes, len(live_nodes))
@@ -569,7 +565,7 @@ class Orch(InstanceOps):
                 raise _NoGPU(f"{inst.name} did not get its GPU back within {wait / 60:.1f} min "
                              f"({remote.detail or remote.status.value}): stopped it again; `orch start {inst.name} "
                              "--timeout MINUTES` waits longer, `orch down` gives up its disk")
-            time.sleep(provider.poll_seconds)
+            par.nap(provider.poll_seconds)
 
     def _undo_start(self, inst: Instance, provider: Provider, why: str, error: BaseException):
         """A start failed after the provider may have started it: it may bill. Stop it again (or

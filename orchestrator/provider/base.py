@@ -10,6 +10,7 @@ from orchestrator import config
 from orchestrator.errors import ProviderError, UsageError
 from orchestrator.text import nearest
 from orchestrator.provider.model import Capabilities, Offer, Remote, Request, Status
+from orchestrator import parallel as par
 
 
 # What every provider reads from its settings (``ssh_user``, ``poll_seconds``, below).
@@ -160,7 +161,7 @@ class Provider(ABC):
                 found, failed = None, e
             if found or time.monotonic() >= deadline:
                 return found, failed
-            time.sleep(max(self.poll_seconds, 0.05))
+            par.nap(max(self.poll_seconds, 0.05))
 
     def never_answers(self, remote: Remote, waited: float) -> str | None:
         """Why an instance seen so, ``waited`` seconds into the wait for SSH, will never answer

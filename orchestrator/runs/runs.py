@@ -10,7 +10,6 @@ every node of a group. What is LibreYOLO's own (its data staged, its launch) is 
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -256,7 +255,7 @@ def follow(orch, inst, run, interval: float = 3.0, out=None) -> dict:
         if view["state"] in ENDED:
             return view
         looks += 1
-        time.sleep(pause(looks, interval))
+        par.nap(pause(looks, interval))
 
 
 # -- end ------------------------------------------------------------------------------------------

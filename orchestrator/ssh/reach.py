@@ -11,6 +11,7 @@ from typing import Callable
 
 from orchestrator.errors import SSHError
 from orchestrator.provider import Endpoint, Progress, Remote, Status
+from orchestrator import parallel as par
 
 # How often a wait asks the provider at most, however short its own polling setting is.
 MIN_INTERVAL = 0.05
@@ -70,4 +71,4 @@ def wait_ssh(provider, provider_id: str, timeout: float, progress: Progress | No
             why = halted() if halted else None
             if why:
                 raise SSHError(why)
-            time.sleep(min(0.1, interval))
+            par.nap(min(0.1, interval))

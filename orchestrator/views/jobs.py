@@ -5,13 +5,13 @@ Reads only: the engine is ``jobs``.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from orchestrator import jobs
 from orchestrator.errors import OrchError
 from orchestrator.jobs.kinds import KINDS, JobKind
 from orchestrator.text import clean, row_json
+from orchestrator import parallel as par
 
 
 def phases(job, attempts) -> dict[str, float]:
@@ -158,4 +158,4 @@ def follow(orch, job, interval: float = 5.0, say: Callable[[str], None] | None =
         if job.state in jobs.ENDED:
             return job
         looks += 1
-        time.sleep(runs.pause(looks, interval))
+        par.nap(runs.pause(looks, interval))
