@@ -87,7 +87,6 @@ def ctrl_c_held():
             signal.raise_signal(signal.SIGINT)
 
 
-
 # A Ctrl-C Python dropped: a KeyboardInterrupt raised while a finalizer or a weakref callback runs
 # (a garbage collection freeing SQLAlchemy's object states mid-poll, say) cannot propagate: Python
 # prints "Exception ignored in ..." and goes on (the docs of sys.unraisablehook). `orch run --wait`
@@ -128,6 +127,7 @@ def _raise_dropped() -> None:
     if _dropped:
         _dropped.clear()
         raise KeyboardInterrupt
+
 
 def bound(flag: int | None = None) -> int:
     """How many at a time: the flag, else ``reaper_parallel`` in config.toml, else 8."""

@@ -88,9 +88,9 @@ def arm(orch, inst) -> bool:
                "idle_minutes": cfg["idle_minutes"], "max_hours": cfg["max_hours"], "commands": sorted(commands),
                "protected": cfg["protected"]}
     orch.ledger.remember(inst.id, watchdog=summary)
-    hours = cfg["max_hours"]  # a job's: the hours --max-cost still pays for (0.0999047), said as a person would
-    deadline = (f" or past {round(hours, 2):g} h" if hours >= 1 else f" or past {round(hours * 60, 1):g} min") \
-        if hours else ""
+    hours, deadline = cfg["max_hours"], ""
+    if hours:  # a job's: the hours --max-cost still pays for (0.0999047), said as a person would
+        deadline = f" or past {round(hours, 2):g} h" if hours >= 1 else f" or past {round(hours * 60, 1):g} min"
     orch.say(f"      watchdog: idle {cfg['idle_minutes']:g} min{deadline} -> {cfg['idle_action']}"
              + (" (protected: report only)" if cfg["protected"] else ""))
     if not commands:

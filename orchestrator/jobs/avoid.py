@@ -31,7 +31,7 @@ def place_of(offer) -> str:
 
 def record_loss(orch, attempt, inst, why: str) -> None:
     """A preemption of ``attempt`` recorded where its plan says it ran."""
-    offer = row_json(attempt.offer, {}) or {}
+    offer = row_json(attempt.offer, {})
     place = offer.get("place") if isinstance(offer.get("place"), str) else None
     orch.ledger.add_preemption(provider=attempt.provider[:32], place=(place or "(not from an offer)")[:128],
                                gpu=(offer.get("gpu") if isinstance(offer.get("gpu"), str) else

@@ -212,7 +212,7 @@ def relaunch(orch, job, js: JobSpec | None = None, choice=None):
             why = f"{blocked} (`orch jobs show {job.name}` where it is set relaunches it)"
             return note(orch, orch.ledger.update_job(job.id, reason=why), why) if job.reason != why else job
         if choice is None:
-            avoid = {(row_json(a.offer, {}) or {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
+            avoid = {row_json(a.offer, {}).get("key") for a in attempts if a.state == LAUNCH_FAILED} - {None}
             t0 = time.monotonic()
             try:
                 choice = plan(orch, js, job.checkpoint_epoch, avoid)
@@ -581,7 +581,7 @@ def _replace(orch, job, js: JobSpec, attempt, head, node, keep):
     problem = group.unusable(orch, survivors)  # before anything is rented
     if problem:
         return whole(problem)
-    key = (row_json(attempt.offer, {}) or {}).get("key")
+    key = row_json(attempt.offer, {}).get("key")
     request = js.request
     if key and not (request.cpu or request.offer):  # the same offer: the same region (and placement group)
         request = replace(request, offer=key.split("/", 1)[1])
