@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -158,3 +159,23 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition", every: float 
         time.sleep(min(pause, left))
         if every is None:
             pause = min(pause * 1.5, WAIT_MOST_S)
+
+
+@contextlib.contextmanager
+def provider_installed(cls):
+    """``cls`` found as a provider for the block, registered through orch's hook as an installed
+    plugin's would be (a fake cloud with one behaviour changed: a create cut, a lookup that errs)."""
+    from orchestrator.hookspecs import hookimpl
+    from orchestrator.provider import plugins
+
+    class Plugin:
+        @hookimpl
+        def register_providers(self, register):
+            register(cls)
+
+    plugin = Plugin()
+    plugins.manager().register(plugin)
+    try:
+        yield
+    finally:
+        plugins.manager().unregister(plugin)

@@ -188,7 +188,7 @@ def test_gpu_verify_failure_destroys_what_it_created(orch_home):
     """A provider that claims a GPU the machine does not have: verify fails, nothing is left billing."""
     from orchestrator.provider import plugins
     from orchestrator.errors import OrchError
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Capabilities, Request
     from providers.local import LocalProvider
@@ -198,14 +198,7 @@ def test_gpu_verify_failure_destroys_what_it_created(orch_home):
         gpus = ["Imaginary GPU"]
         capabilities = Capabilities(cpu_only=True, gpu=True)
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(ClaimsGPU)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
-    try:
+    with provider_installed(ClaimsGPU):
         assert "claimsgpu" in plugins.providers(), "a provider registered through the hook is found"
         orch = Orch.open(say=lambda m: None)
         with pytest.raises(OrchError, match="verify failed on the GPU|no working NVIDIA GPU"):
@@ -216,8 +209,6 @@ def test_gpu_verify_failure_destroys_what_it_created(orch_home):
         assert "verify failed" in last.reason or "no working NVIDIA GPU" in last.reason
         assert not (orch_home / "local" / inst.label).exists()
         assert sshd.instance_pids(inst.id) == []
-    finally:
-        plugins.manager().unregister(plugin)
 
 
 def test_state_machine_refuses_illegal_and_racing_transitions(ledger):

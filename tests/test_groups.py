@@ -110,9 +110,8 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
     """Node 1 meets a capacity error at its create; node 0, already up, is destroyed: nothing bills."""
     from orchestrator import states
     from orchestrator.instances import groups
-    from orchestrator.provider import plugins
     from orchestrator.errors import NoCapacity, OrchError
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
     from providers.local import LocalProvider
@@ -134,14 +133,7 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
             self.made.append(remote.provider_id)
             return remote
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(Scarce)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
-    try:
+    with provider_installed(Scarce):
         orch = Orch.open(say=lambda m: None)
         with pytest.raises(OrchError) as err:
             groups.up(orch, "short", "scarce", Request(name="short", cpu=True), 2)
@@ -150,8 +142,6 @@ def test_a_node_that_cannot_be_had_leaves_nothing_of_the_group(orch_home):
         assert rows["short-1"].state == states.FAILED
         assert rows["short-0"].state == states.DESTROYED, "the node that came up is given back"
         assert not any((orch_home / "local").iterdir())
-    finally:
-        plugins.manager().unregister(plugin)
 
 
 def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(orch_home):
@@ -160,9 +150,8 @@ def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(
     within seconds, not after its own wait."""
     from orchestrator import states
     from orchestrator.instances import groups
-    from orchestrator.provider import plugins
     from orchestrator.errors import OrchError
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request, Status
     from providers.local import LocalProvider
@@ -193,14 +182,7 @@ def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(
             self._save(made.provider_id, meta)
             return made
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(Broken)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
-    try:
+    with provider_installed(Broken):
         orch = Orch.open(say=lambda m: None)
         t0 = time.monotonic()
         with pytest.raises(OrchError) as err:
@@ -211,8 +193,6 @@ def test_a_node_failing_at_its_ssh_wait_calls_its_siblings_bring_up_off_at_once(
         rows = {i.name: i for i in orch.ledger.instances()}
         assert {rows["slow-0"].state, rows["slow-1"].state} == {states.DESTROYED}
         assert not any((orch_home / "local").iterdir())
-    finally:
-        plugins.manager().unregister(plugin)
 
 
 def test_a_local_gpu_group_gives_each_node_its_own_share_of_the_gpus(orch_home, monkeypatch):
@@ -373,8 +353,7 @@ def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as
     reconcile or a repeated `orch up`)."""
     from orchestrator import states
     from orchestrator.instances import groups
-    from orchestrator.provider import plugins
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from orchestrator.instances.lifecycle import Orch
     from orchestrator.provider import Request
     from providers.local import LocalProvider
@@ -385,14 +364,7 @@ def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as
         def prices(self, remote):
             raise KeyboardInterrupt  # the user's Ctrl-C, as it reaches the main thread
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(Interrupted)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
-    try:
+    with provider_installed(Interrupted):
         orch = Orch.open(say=lambda m: None)
         with pytest.raises(KeyboardInterrupt):
             if nodes == 1:
@@ -402,8 +374,6 @@ def test_ctrl_c_right_after_the_create_leaves_nothing_billing_for_one_machine_as
         rows = orch.ledger.instances()
         assert len(rows) == nodes and {i.state for i in rows} == {states.DESTROYED}, [(i.name, i.state) for i in rows]
         assert not any((orch_home / "local").iterdir()), "a machine made is still there: it would bill"
-    finally:
-        plugins.manager().unregister(plugin)
 
 
 def test_ctrl_c_inside_a_create_the_provider_finished_destroys_what_it_made_and_goes_on_as_ctrl_c(orch_home):
@@ -412,9 +382,9 @@ def test_ctrl_c_inside_a_create_the_provider_finished_destroys_what_it_made_and_
     taken as "the create errored but the machine exists: using it", and the bring-up carried on
     after the user pressed Ctrl-C."""
     from orchestrator import states
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from orchestrator.instances.lifecycle import Orch
-    from orchestrator.provider import Request, plugins
+    from orchestrator.provider import Request
     from providers.local import LocalProvider
 
     class CutAfterMade(LocalProvider):
@@ -424,15 +394,8 @@ def test_ctrl_c_inside_a_create_the_provider_finished_destroys_what_it_made_and_
             super().create(request, label, public_key)  # the server made it...
             raise KeyboardInterrupt  # ...and the user's Ctrl-C lands before its answer
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(CutAfterMade)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
     said = []
-    try:
+    with provider_installed(CutAfterMade):
         orch = Orch.open(say=said.append)
         with pytest.raises(KeyboardInterrupt):
             orch.up("cut", "cutaftermade", Request(name="cut", cpu=True))
@@ -440,5 +403,3 @@ def test_ctrl_c_inside_a_create_the_provider_finished_destroys_what_it_made_and_
         assert row.state == states.DESTROYED, (row.state, said)
         assert not any((orch_home / "local").iterdir()), "the machine made is still there: it would bill"
         assert not any("using it" in s for s in said), said
-    finally:
-        plugins.manager().unregister(plugin)

@@ -369,9 +369,8 @@ def test_watchdog_stops_the_instance_with_no_controller_running(orch_home):
 
 
 def test_failed_listing_leaves_its_instances_untouched(orch_home):
-    from orchestrator.provider import plugins
     from orchestrator.errors import ProviderError
-    from orchestrator.hookspecs import hookimpl
+    from tests.clouds import provider_installed
     from providers.local import LocalProvider
 
     class Flaky(LocalProvider):
@@ -380,14 +379,7 @@ def test_failed_listing_leaves_its_instances_untouched(orch_home):
         def list(self):
             raise ProviderError("flaky: HTTP 502 from the listing")
 
-    class Plugin:
-        @hookimpl
-        def register_providers(self, register):
-            register(Flaky)
-
-    plugin = Plugin()
-    plugins.manager().register(plugin)
-    try:
+    with provider_installed(Flaky):
         orch = reaper_orch()
         rows = {}
         for name, provider in (("onflaky", "flaky"), ("onlocal", "local")):
@@ -401,8 +393,6 @@ def test_failed_listing_leaves_its_instances_untouched(orch_home):
         assert orch.ledger.events(rows["onflaky"].id) == before
         # the other provider's pass went on: its listing worked and does not show the instance
         assert out["onlocal"].action == "gone" and orch.ledger.get(rows["onlocal"].id).state == states.LOST
-    finally:
-        plugins.manager().unregister(plugin)
 
 
 # -- the schedule ---------------------------------------------------------------------------------------
